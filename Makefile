@@ -1,0 +1,50 @@
+# rlfleet — every set-up step lives here or in scripts/; `make run` and `make test` work
+# from a fresh clone.
+SHELL := /bin/bash
+PYTHON ?= .venv/bin/python
+export RLFLEET_CACHE ?= $(HOME)/.cache/rlfleet
+
+PROTOS := $(wildcard protos/rlfleet/v1/*.proto)
+STUBS := $(patsubst protos/rlfleet/v1/%.proto,libs/rlfleet/v1/%_pb2.py,$(PROTOS))
+
+.PHONY: help setup venv system proto run test test-fast bench lint clean
+
+help:
+	@echo "make run     the main job on the local default (tiny model, CPU)"
+	@echo "make test    the full test suite"
+	@echo "make bench   benchmarks (JSON + table under bench/results/)"
+	@echo "make proto   regenerate the gRPC stubs"
+	@echo "make deploy  helm upgrade --install into the current kube context"
+
+venv: .venv/.rlfleet-stamp
+.venv/.rlfleet-stamp: requirements.txt pyproject.toml scripts/setup_venv.sh
+	@scripts/setup_venv.sh
+
+system:
+	@scripts/setup_system.sh
+
+proto: $(STUBS)
+$(STUBS) &: $(PROTOS) .venv/.rlfleet-stamp
+	@mkdir -p libs/rlfleet/v1
+	$(PYTHON) -m grpc_tools.protoc -Iprotos --python_out=libs --pyi_out=libs \
+		--grpc_python_out=libs $(PROTOS)
+	@touch $(STUBS)
+
+setup: venv system proto
+
+run: setup
+	$(PYTHON) -m rlfleet.local.baseline
+
+test: setup
+	$(PYTHON) -m pytest -q
+
+lint: venv
+	$(PYTHON) -m ruff check libs services tests bench
+
+bench: setup
+	$(PYTHON) -m bench
+
+clean:
+	rm -rf libs/rlfleet/v1/*_pb2*.py libs/rlfleet/v1/*_pb2*.pyi .pytest_cache
+
+-include mk/*.mk

@@ -1,0 +1,22 @@
+"""`make bench`: runs every benchmark in turn (each writes bench/results/<name>.json)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+
+BENCHES = ["bench.bench_env"]
+
+
+def main(names: list[str]) -> int:
+    for name in names or BENCHES:
+        print(f"\n=== {name}", flush=True)
+        start = time.perf_counter()
+        importlib.import_module(name if name.startswith("bench.") else f"bench.{name}").main()
+        print(f"=== {name} done in {time.perf_counter() - start:.0f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,128 @@
+"""Group-relative advantage estimators and their registry.
+
+An estimator maps one scalar reward per trajectory plus its group id (all trajectories of
+one task/prompt share a group id) to one scalar advantage per trajectory. Groups whose
+rewards are all equal (including groups of one) carry no learning signal: they get
+advantage 0 and are flagged so the caller drops them and counts them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from rlfleet.grpo.registry import Registry
+
+if TYPE_CHECKING:
+    from rlfleet.grpo.config import GRPOConfig
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class AdvantageResult:
+    """Per-trajectory advantages, aligned with the input order.
+
+    ``zero_variance[i]`` is True when trajectory i's group has zero reward variance (such
+    trajectories have advantage 0 and must not be trained on).
+    """
+
+    advantages: npt.NDArray[np.float64]
+    zero_variance: npt.NDArray[np.bool_]
+    zero_variance_groups: tuple[Hashable, ...]
+    num_groups: int
+
+
+AdvantageEstimator = Callable[[npt.ArrayLike, Sequence[Hashable], "GRPOConfig"], AdvantageResult]
+ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
+
+
+def register_advantage_estimator(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
+    """Decorator: ``fn(rewards, group_ids, cfg) -> AdvantageResult`` becomes usable by name."""
+    return ADVANTAGE_ESTIMATORS.register(name)
+
+
+def get_advantage_estimator(name: str) -> AdvantageEstimator:
+    return ADVANTAGE_ESTIMATORS.get(name)
+
+
+def group_indices(group_ids: Sequence[Hashable]) -> dict[Hashable, list[int]]:
+    """Positions of each group id, groups in order of first appearance."""
+    groups: dict[Hashable, list[int]] = {}
+    for i, gid in enumerate(group_ids):
+        groups.setdefault(gid, []).append(i)
+    return groups
+
+
+def check_rewards(rewards: npt.ArrayLike, group_ids: Sequence[Hashable]) -> npt.NDArray[np.float64]:
+    """Rewards as a finite float64 vector of the same length as ``group_ids``."""
+    r = np.asarray(rewards, dtype=np.float64)
+    if r.ndim != 1:
+        raise ValueError(f"rewards must be one scalar per trajectory, got shape {r.shape}")
+    if len(group_ids) != r.shape[0]:
+        raise ValueError(f"{r.shape[0]} rewards but {len(group_ids)} group ids")
+    if not np.all(np.isfinite(r)):
+        raise ValueError(f"rewards must be finite, got {r.tolist()}")
+    return r
+
+
+def group_normalized_advantages(
+    rewards: npt.ArrayLike,
+    group_ids: Sequence[Hashable],
+    *,
+    std_normalize: bool,
+    eps: float,
+) -> AdvantageResult:
+    """(r - group mean) / (group std + eps), or r - group mean when not std_normalize.
+
+    The std is the *sample* std (Bessel-corrected, divisor G - 1), because SkyRL's
+    ``compute_grpo_outcome_advantage`` uses ``torch.std``, whose default is unbiased. So the
+    group [1, 0, 0, 0] has std 0.5 (not the population 0.433) and advantages 1.5 / -0.5.
+    """
+    r = check_rewards(rewards, group_ids)
+    adv = np.zeros_like(r)
+    zero_var = np.zeros(r.shape, dtype=np.bool_)
+    degenerate: list[Hashable] = []
+    groups = group_indices(group_ids)
+    for gid, idx in groups.items():
+        g = r[idx]
+        # Exact equality: rewards are sums of a few discrete components; an all-equal group
+        # has no relative signal (and a group of one has no baseline at all).
+        if g.size < 2 or np.all(g == g[0]):
+            zero_var[idx] = True
+            degenerate.append(gid)
+            continue
+        centred = g - g.mean()
+        if std_normalize:
+            centred = centred / (g.std(ddof=1) + eps)
+        adv[idx] = centred
+    return AdvantageResult(
+        advantages=adv,
+        zero_variance=zero_var,
+        zero_variance_groups=tuple(degenerate),
+        num_groups=len(groups),
+    )
+
+
+@register_advantage_estimator("grpo")
+def grpo_advantages(
+    rewards: npt.ArrayLike, group_ids: Sequence[Hashable], cfg: GRPOConfig
+) -> AdvantageResult:
+    """GRPO; honours ``cfg.std_normalize`` (False gives Dr. GRPO's centring only)."""
+    return group_normalized_advantages(
+        rewards, group_ids, std_normalize=cfg.std_normalize, eps=cfg.eps
+    )
+
+
+@register_advantage_estimator("dr_grpo")
+def dr_grpo_advantages(
+    rewards: npt.ArrayLike, group_ids: Sequence[Hashable], cfg: GRPOConfig
+) -> AdvantageResult:
+    """Dr. GRPO (Liu et al. 2025): r - group mean, never divided by the std.
+
+    (Dr. GRPO also replaces the per-sequence length normalisation with a constant; that is a
+    loss-reduction choice, not part of this estimator.)
+    """
+    return group_normalized_advantages(rewards, group_ids, std_normalize=False, eps=cfg.eps)

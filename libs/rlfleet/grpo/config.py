@@ -1,0 +1,120 @@
+"""Typed, validated hyper-parameters of the GRPO objective (prime-rl style frozen config)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any, Literal
+
+LossReduction = Literal["token_mean", "sequence_mean"]
+LOSS_REDUCTIONS: tuple[str, ...] = ("token_mean", "sequence_mean")
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOConfig:
+    """GRPO settings. Defaults follow SkyRL's GRPO defaults except ``kl_coef`` (SkyRL: 0.001).
+
+    - ``advantage_estimator`` / ``policy_loss`` / ``kl_estimator``: names in the registries of
+      ``rlfleet.grpo.advantages`` / ``rlfleet.grpo.losses``.
+    - ``clip_low`` / ``clip_high``: the ratio is clipped to [1 - clip_low, 1 + clip_high].
+    - ``dual_clip``: for negative advantages the per-token loss is capped at
+      ``dual_clip * |A|`` (Ye et al. 2020); ``None`` disables it. Must be > 1.
+    - ``kl_coef``: weight of the KL(policy || reference) term; 0 disables it (and the caller
+      then need not compute reference logprobs).
+    - ``loss_reduction``: ``token_mean`` = mean over all loss tokens of the step;
+      ``sequence_mean`` = mean over tokens within each trajectory, then over trajectories
+      (SkyRL's "seq-mean-token-mean").
+    - ``std_normalize``: divide group-centred rewards by the group std; False is Dr. GRPO.
+    - ``eps``: added to the group std before dividing.
+    - ``max_staleness``: trajectories sampled with adapter version < current - max_staleness
+      are dropped.
+    - ``micro_batch_size``: trajectories per forward/backward (gradient accumulation).
+    - ``temperature``: the sampling temperature; logits are divided by it before computing
+      the learner's logprobs so that the importance ratio compares like with like.
+    """
+
+    advantage_estimator: str = "grpo"
+    policy_loss: str = "ppo_clip"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = 3.0
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    loss_reduction: LossReduction = "token_mean"
+    std_normalize: bool = True
+    eps: float = 1e-6
+    max_staleness: int = 1
+    micro_batch_size: int = 8
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        # Imported here: the registries import this module's type for annotations only,
+        # and validating names at construction catches typos before any rollout is spent.
+        from rlfleet.grpo.advantages import ADVANTAGE_ESTIMATORS
+        from rlfleet.grpo.losses import KL_ESTIMATORS, POLICY_LOSSES
+
+        for field, registry in (
+            ("advantage_estimator", ADVANTAGE_ESTIMATORS),
+            ("policy_loss", POLICY_LOSSES),
+            ("kl_estimator", KL_ESTIMATORS),
+        ):
+            value = getattr(self, field)
+            if value not in registry:
+                raise ValueError(
+                    f"GRPOConfig.{field}={value!r} is not registered; "
+                    f"registered: {registry.names()}"
+                )
+        _check_real("clip_low", self.clip_low, low=0.0, high=1.0, high_open=True)
+        _check_real("clip_high", self.clip_high, low=0.0)
+        if self.dual_clip is not None:
+            _check_real("dual_clip", self.dual_clip, low=1.0, low_open=True)
+        _check_real("kl_coef", self.kl_coef, low=0.0)
+        _check_real("eps", self.eps, low=0.0, low_open=True)
+        _check_real("temperature", self.temperature, low=0.0, low_open=True)
+        if self.loss_reduction not in LOSS_REDUCTIONS:
+            raise ValueError(
+                f"GRPOConfig.loss_reduction={self.loss_reduction!r}; "
+                f"expected one of {LOSS_REDUCTIONS}"
+            )
+        if not isinstance(self.std_normalize, bool):
+            raise ValueError(f"GRPOConfig.std_normalize must be a bool, got {self.std_normalize!r}")
+        _check_int("max_staleness", self.max_staleness, low=0)
+        _check_int("micro_batch_size", self.micro_batch_size, low=1)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> GRPOConfig:
+        """Build from a parsed YAML/JSON section; unknown keys are an error, not ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown GRPOConfig keys {unknown}; known: {sorted(known)}")
+        return cls(**dict(values))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _check_real(
+    name: str,
+    value: object,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> None:
+    # bool is an int subclass; True as a clip bound is a config mistake, not 1.0.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"GRPOConfig.{name} must be a finite number, got {value!r}")
+    if low is not None and (value <= low if low_open else value < low):
+        raise ValueError(f"GRPOConfig.{name}={value!r} must be {'>' if low_open else '>='} {low}")
+    if high is not None and (value >= high if high_open else value > high):
+        raise ValueError(f"GRPOConfig.{name}={value!r} must be {'<' if high_open else '<='} {high}")
+
+
+def _check_int(name: str, value: object, *, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"GRPOConfig.{name} must be an int, got {value!r}")
+    if value < low:
+        raise ValueError(f"GRPOConfig.{name}={value!r} must be >= {low}")

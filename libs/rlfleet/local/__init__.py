@@ -1,0 +1,1 @@
+"""Running the fleet as local processes on one machine (`make run`, tests, benches)."""

@@ -1,0 +1,192 @@
+"""One maze episode as a state machine: observe, step with model text, until done.
+
+Semantics follow VisGym's maze_2d:
+- A move into a wall does nothing ("Cannot move into a wall."); unreadable text does
+  nothing ("Invalid action: ..."). Both still use up a turn.
+- `stop` always ends the episode. Reward is 1.0 only when the agent stops on the target;
+  stopping anywhere else ends the episode with reward 0 (VisGym terminates on any stop).
+  Reaching the target without stopping earns nothing yet. There is no step penalty.
+- Running out of turns ends the episode as truncated, with reward 0.
+- An action written in the other format than the episode's is still carried out (the
+  move is unambiguous) but does not count as `format_ok`; format credit, if any, is the
+  reward service's business.
+Stepping a finished episode raises `EpisodeDone` (the env service answers
+FAILED_PRECONDITION), so a lost or replayed request cannot move a finished episode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from rlfleet.maze.actions import Action, ActionFormat, ParsedAction, parse_action
+from rlfleet.maze.layout import Layout, Position
+from rlfleet.maze.prompt import instruction_text, status_text
+from rlfleet.maze.render import DEFAULT_CELL_PX, check_cell_px, render_png
+
+WALL_FEEDBACK = "Cannot move into a wall."
+START_FEEDBACK = "The episode has started. Make your first move."
+
+
+class EpisodeDone(RuntimeError):
+    """`step` was called on an episode that has already ended."""
+
+
+def default_max_turns(height: int, width: int | None = None) -> int:
+    """VisGym's evaluation limits: 20 turns up to 9×9 (easy), 30 from 11×11 (hard) on."""
+    return 20 if max(height, width if width is not None else height) <= 9 else 30
+
+
+@dataclass
+class EpisodeStats:
+    """Counters for metrics and the reward service."""
+
+    turns: int = 0
+    format_ok_turns: int = 0
+    invalid_turns: int = 0
+    wall_bumps: int = 0
+    moves: int = 0
+    stopped: bool = False
+    solved: bool = False
+    truncated: bool = False
+
+    def as_dict(self) -> dict[str, int | bool]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one `step` did. `parsed` says whether the text held a readable action."""
+
+    reward: float
+    done: bool
+    truncated: bool
+    feedback: str
+    parsed: bool
+    action: Action | None
+    format_ok: bool
+    matched_format: str
+    moved: bool
+    wall_bump: bool
+    solved: bool
+    agent: Position
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the model sees before a turn: a picture and the text that goes with it."""
+
+    png: bytes
+    instruction: str
+    status: str
+    agent: Position
+    turn: int
+    done: bool
+
+    @property
+    def text(self) -> str:
+        return f"{self.instruction}\n\n{self.status}"
+
+
+class MazeEpisode:
+    """A single play-through of `layout`; not thread-safe (one owner steps it)."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        max_turns: int | None = None,
+        action_format: ActionFormat | str = ActionFormat.LITERAL,
+        cell_px: int = DEFAULT_CELL_PX,
+    ) -> None:
+        if max_turns is None:
+            max_turns = default_max_turns(layout.height, layout.width)
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+            raise ValueError(f"max_turns must be a positive integer, got {max_turns!r}")
+        try:
+            self.action_format = ActionFormat(action_format)
+        except ValueError:
+            raise ValueError(
+                f"action_format must be one of {[f.value for f in ActionFormat]}, "
+                f"got {action_format!r}"
+            ) from None
+        self.layout = layout
+        self.max_turns = max_turns
+        self.cell_px = check_cell_px(cell_px)
+        self.agent: Position = layout.agent
+        self.stats = EpisodeStats()
+        self.done = False
+        self.reward = 0.0
+        self.feedback = START_FEEDBACK
+        self.instruction = instruction_text(layout.height, layout.width, self.action_format)
+
+    @property
+    def solved(self) -> bool:
+        return self.stats.solved
+
+    def observe(self, cell_px: int | None = None) -> Observation:
+        """The current picture and text; `cell_px` overrides the episode's picture size."""
+        png = render_png(self.layout, self.agent, self.cell_px if cell_px is None else cell_px)
+        return Observation(
+            png=png,
+            instruction=self.instruction,
+            status=status_text(self.feedback, self.stats.turns, self.max_turns),
+            agent=self.agent,
+            turn=self.stats.turns,
+            done=self.done,
+        )
+
+    def step(self, text: str) -> StepOutcome:
+        """Apply one model reply; raises EpisodeDone once the episode has ended."""
+        if self.done:
+            raise EpisodeDone("the episode is over; start a new one")
+        stats = self.stats
+        stats.turns += 1
+        parsed: ParsedAction = parse_action(text, prefer=self.action_format)
+        format_ok = parsed.format == self.action_format
+        if format_ok:
+            stats.format_ok_turns += 1
+        reward, moved, bump = 0.0, False, False
+        action = parsed.action
+        if action is None:
+            stats.invalid_turns += 1
+            feedback = f"Invalid action: {parsed.error}"
+        elif action.is_stop:
+            stats.stopped = True
+            self.done = True
+            if self.agent == self.layout.target:
+                stats.solved = True
+                reward = 1.0
+                feedback = "You stopped on the target. Solved!"
+            else:
+                feedback = "You stopped before reaching the target. The episode is over."
+        else:
+            dr, dc = action.delta
+            nxt = (self.agent[0] + dr, self.agent[1] + dc)
+            if self.layout.is_floor(nxt):
+                self.agent = nxt
+                moved = True
+                stats.moves += 1
+                feedback = f"Moved {action.name}."
+            else:
+                bump = True
+                stats.wall_bumps += 1
+                feedback = WALL_FEEDBACK
+        if not self.done and stats.turns >= self.max_turns:
+            self.done = True
+            stats.truncated = True
+            feedback += " Turn limit reached; the episode is over."
+        self.feedback = feedback
+        self.reward = reward
+        return StepOutcome(
+            reward=reward,
+            done=self.done,
+            truncated=stats.truncated,
+            feedback=feedback,
+            parsed=parsed.ok,
+            action=action,
+            format_ok=format_ok,
+            matched_format=parsed.matched,
+            moved=moved,
+            wall_bump=bump,
+            solved=stats.solved,
+            agent=self.agent,
+        )

@@ -1,0 +1,164 @@
+"""The server bootstrap every rlfleet service uses.
+
+One call gives a service: gRPC health checking (grpc.health.v1), server reflection, a
+Prometheus /metrics endpoint, optional shared-token auth and (m)TLS, message size limits,
+a bound on concurrent RPCs (overload answers RESOURCE_EXHAUSTED instead of queueing
+forever), and a graceful drain on SIGTERM: health turns NOT_SERVING, new calls are
+refused, calls in flight get `grace_s` to finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from rlfleet.limits import MAX_MESSAGE_BYTES
+from rlfleet.rpc.interceptors import AuthInterceptor, ErrorsAndMetricsInterceptor
+
+log = logging.getLogger(__name__)
+
+# A function that adds one servicer to the server and returns its full service name,
+# e.g. lambda s: add_EnvServiceServicer_to_server(servicer, s) or "rlfleet.v1.EnvService".
+Registration = Callable[[grpc.Server], str]
+
+
+@dataclass
+class TlsConfig:
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path | None = None  # set: clients must present a cert it signed (mTLS)
+
+
+@dataclass
+class ServerConfig:
+    port: int = 0  # 0 picks a free port (tests)
+    host: str = "127.0.0.1"
+    metrics_port: int | None = None  # None: no metrics endpoint; 0 picks a free port
+    max_workers: int = 64
+    max_concurrent_rpcs: int | None = 1024
+    auth_token: str | None = None
+    tls: TlsConfig | None = None
+    grace_s: float = 10.0
+    options: list[tuple[str, int]] = field(default_factory=list)
+
+
+class GrpcServer:
+    def __init__(self, name: str, config: ServerConfig, registrations: Sequence[Registration]):
+        self.name = name
+        self.config = config
+        interceptors: list[grpc.ServerInterceptor] = []
+        if config.auth_token:
+            interceptors.append(AuthInterceptor(config.auth_token))
+        interceptors.append(ErrorsAndMetricsInterceptor())
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix=name),
+            interceptors=interceptors,
+            maximum_concurrent_rpcs=config.max_concurrent_rpcs,
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+                *config.options,
+            ],
+        )
+        self.health = health.HealthServicer(experimental_non_blocking=True)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self.service_names = [register(self._server) for register in registrations]
+        reflection.enable_server_reflection(
+            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self._server
+        )
+        address = f"{config.host}:{config.port}"
+        if config.tls:
+            self.port = self._server.add_secure_port(address, _server_credentials(config.tls))
+        else:
+            self.port = self._server.add_insecure_port(address)
+        if self.port == 0:
+            raise OSError(f"{name}: cannot bind {address}")
+        self.metrics_port: int | None = None
+        self._metrics_httpd = None
+        self._stopped = threading.Event()
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.port}"
+
+    def start(self) -> GrpcServer:
+        if self.config.metrics_port is not None:
+            httpd, _ = start_http_server(self.config.metrics_port, addr=self.config.host)
+            self._metrics_httpd = httpd
+            self.metrics_port = httpd.server_address[1]
+        self._server.start()
+        self.set_serving(True)
+        log.info(
+            "serving",
+            extra={"address": self.address, "metrics_port": self.metrics_port,
+                   "services": self.service_names, "auth": bool(self.config.auth_token),
+                   "tls": bool(self.config.tls)},
+        )
+        return self
+
+    def set_serving(self, serving: bool, service: str | None = None) -> None:
+        """Health status of one service, or of the whole server (and each service)."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in [service] if service is not None else ["", *self.service_names]:
+            self.health.set(name, status)
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Drains: NOT_SERVING first (so load balancers move away), then stops."""
+        if self._stopped.is_set():
+            return
+        self.health.enter_graceful_shutdown()
+        grace = self.config.grace_s if grace_s is None else grace_s
+        self._server.stop(grace).wait()
+        if self._metrics_httpd is not None:
+            self._metrics_httpd.shutdown()
+        self._stopped.set()
+        log.info("stopped", extra={"address": self.address})
+
+    def wait(self) -> None:
+        self._stopped.wait()
+
+    def install_signal_handlers(self, on_stop: Callable[[], None] | None = None) -> None:
+        """SIGTERM/SIGINT drain the server (in a thread: signal handlers must return fast)."""
+
+        def handle(signum: int, _frame: object) -> None:
+            log.info("signal received, draining", extra={"signal": signal.Signals(signum).name})
+
+            def drain() -> None:
+                if on_stop is not None:
+                    on_stop()
+                self.stop()
+
+            threading.Thread(target=drain, name="drain", daemon=True).start()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    def __enter__(self) -> GrpcServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(grace_s=0)
+
+
+def _server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
+    ca = tls.client_ca_file.read_bytes() if tls.client_ca_file else None
+    return grpc.ssl_server_credentials(
+        [(tls.key_file.read_bytes(), tls.cert_file.read_bytes())],
+        root_certificates=ca,
+        require_client_auth=ca is not None,
+    )

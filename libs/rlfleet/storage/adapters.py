@@ -1,0 +1,394 @@
+"""Adapter versions under `<run>/adapters/v000042/`: publish, verify, list, collect.
+
+A version dir holds exactly adapter_model.safetensors, adapter_config.json and
+MANIFEST.json. The manifest records sha256 and size of each file plus run, version, step,
+base model, creation time and format version; the sha256 of the manifest bytes is the
+identity of the version (what trajectories carry and replicas check). Versions are
+written with `atomic_dir`, so a dir under a `v######` name is always whole; verification
+still recomputes every hash, since /shared is a network filesystem that other writers
+share.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import stat
+import struct
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlfleet.storage.atomic import (
+    StorageError,
+    atomic_dir,
+    remove_dir_atomic,
+    validate_file_name,
+    write_file,
+)
+from rlfleet.storage.paths import (
+    ADAPTERS_DIRNAME,
+    RunsRoot,
+    parse_version_dirname,
+    validate_run_name,
+)
+
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+MANIFEST_FILE = "MANIFEST.json"
+ADAPTER_FILES = (ADAPTER_WEIGHTS_FILE, ADAPTER_CONFIG_FILE)
+MANIFEST_FORMAT_VERSION = 1
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024  # the limit safetensors itself applies
+_CHUNK = 1 << 20
+
+
+class AdapterVerificationError(ValueError):
+    """An adapter dir does not match its manifest (or has no valid manifest)."""
+
+
+class VersionProtected(ValueError):
+    """Refused to remove a version that is the latest or in the caller's keep set."""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class AdapterManifest:
+    run: str
+    version: int
+    step: int
+    base_model: str
+    created_unix: float
+    files: Mapping[str, FileEntry]
+    format_version: int = MANIFEST_FORMAT_VERSION
+    # sha256 of the manifest bytes as read/written; set by publish/verify/read.
+    manifest_sha256: str = field(default="", compare=False)
+
+    def to_json_bytes(self) -> bytes:
+        doc = {
+            "format_version": self.format_version,
+            "run": self.run,
+            "version": self.version,
+            "step": self.step,
+            "base_model": self.base_model,
+            "created_unix": self.created_unix,
+            "files": {n: {"sha256": e.sha256, "size": e.size}
+                      for n, e in sorted(self.files.items())},
+        }
+        return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+    @classmethod
+    def from_json_bytes(cls, data: bytes) -> AdapterManifest:
+        """Parses and validates a manifest; AdapterVerificationError for anything off."""
+        try:
+            doc = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise AdapterVerificationError(f"{MANIFEST_FILE} is not valid JSON: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise AdapterVerificationError(f"{MANIFEST_FILE} is not a JSON object")
+        fmt = _field(doc, "format_version", int)
+        if fmt != MANIFEST_FORMAT_VERSION:
+            raise AdapterVerificationError(
+                f"{MANIFEST_FILE} format_version {fmt} is not supported "
+                f"(expected {MANIFEST_FORMAT_VERSION})")
+        run = _field(doc, "run", str)
+        try:
+            validate_run_name(run)
+        except ValueError as exc:
+            raise AdapterVerificationError(f"{MANIFEST_FILE}: {exc}") from exc
+        version = _field(doc, "version", int)
+        step = _field(doc, "step", int)
+        if version < 0 or step < 0:
+            raise AdapterVerificationError(f"{MANIFEST_FILE}: negative version or step")
+        base_model = _field(doc, "base_model", str)
+        created = doc.get("created_unix")
+        if isinstance(created, bool) or not isinstance(created, (int, float)):
+            raise AdapterVerificationError(f"{MANIFEST_FILE}: created_unix must be a number")
+        raw_files = _field(doc, "files", dict)
+        files: dict[str, FileEntry] = {}
+        for name, entry in raw_files.items():
+            try:
+                validate_file_name(name)
+            except ValueError as exc:  # e.g. "../x": never hash a file outside the dir
+                raise AdapterVerificationError(f"{MANIFEST_FILE}: {exc}") from exc
+            if name == MANIFEST_FILE:
+                raise AdapterVerificationError(f"{MANIFEST_FILE} lists itself")
+            if not isinstance(entry, dict):
+                raise AdapterVerificationError(f"{MANIFEST_FILE}: entry {name!r} not an object")
+            sha = entry.get("sha256")
+            size = entry.get("size")
+            if (not isinstance(sha, str) or len(sha) != 64
+                    or any(c not in "0123456789abcdef" for c in sha)):
+                raise AdapterVerificationError(f"{MANIFEST_FILE}: bad sha256 for {name!r}")
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise AdapterVerificationError(f"{MANIFEST_FILE}: bad size for {name!r}")
+            files[name] = FileEntry(sha256=sha, size=size)
+        missing = [n for n in ADAPTER_FILES if n not in files]
+        if missing:
+            raise AdapterVerificationError(f"{MANIFEST_FILE} does not list {missing}")
+        return cls(run=run, version=version, step=step, base_model=base_model,
+                   created_unix=float(created), files=files, format_version=fmt,
+                   manifest_sha256=hashlib.sha256(data).hexdigest())
+
+
+def _field(doc: dict[str, Any], key: str, typ: type) -> Any:
+    value = doc.get(key)
+    if isinstance(value, bool) or not isinstance(value, typ):
+        raise AdapterVerificationError(
+            f"{MANIFEST_FILE}: field {key!r} missing or not {typ.__name__}")
+    return value
+
+
+# -- content checks ---------------------------------------------------------------------
+
+
+def _check_safetensors_header(data: bytes) -> None:
+    # Refuse garbage at publish time, cheaply: parse only the header.
+    if len(data) < 8:
+        raise ValueError(f"{ADAPTER_WEIGHTS_FILE} is too short to be safetensors")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > MAX_SAFETENSORS_HEADER or 8 + n > len(data):
+        raise ValueError(f"{ADAPTER_WEIGHTS_FILE} has an invalid safetensors header length")
+    try:
+        header = json.loads(data[8:8 + n].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{ADAPTER_WEIGHTS_FILE} header is not valid JSON") from exc
+    if not isinstance(header, dict):
+        raise ValueError(f"{ADAPTER_WEIGHTS_FILE} header is not a JSON object")
+
+
+def _check_config(data: bytes) -> None:
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{ADAPTER_CONFIG_FILE} is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ValueError(f"{ADAPTER_CONFIG_FILE} is not a JSON object")
+
+
+def _hash_file(path: Path) -> FileEntry:
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return FileEntry(sha256=h.hexdigest(), size=size)
+
+
+# -- publish ----------------------------------------------------------------------------
+
+
+def publish_adapter_dir(
+    runs_root: RunsRoot,
+    run: str,
+    version: int,
+    files: Mapping[str, bytes] | os.PathLike[str] | str,
+    base_model: str,
+    step: int,
+    *,
+    created_unix: float | None = None,
+) -> AdapterManifest:
+    """Writes `<run>/adapters/v<version>` atomically and returns its manifest.
+
+    `files` is either {"adapter_model.safetensors": ..., "adapter_config.json": ...}
+    (exactly those names) or a directory holding them (e.g. PEFT `save_pretrained`
+    output; other files there, like README.md, are not published). Raises ValueError for
+    bad input, DestinationExists when the version is already published, StorageError for
+    OS failures (the partial write is removed).
+    """
+    validate_run_name(run)
+    if not isinstance(base_model, str) or not base_model:
+        raise ValueError("base_model must be a non-empty string")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    final = runs_root.adapter_dir(run, version)
+
+    if isinstance(files, Mapping):
+        extra = sorted(set(files) - set(ADAPTER_FILES))
+        missing = [n for n in ADAPTER_FILES if n not in files]
+        if extra or missing:
+            raise ValueError(f"adapter files must be exactly {list(ADAPTER_FILES)}; "
+                             f"missing {missing}, unexpected {extra}")
+        blobs = {n: bytes(files[n]) for n in ADAPTER_FILES}
+    else:
+        src = Path(files)
+        blobs = {}
+        for n in ADAPTER_FILES:
+            p = src / n
+            if not p.is_file():
+                raise ValueError(f"source dir {src} has no {n}")
+            blobs[n] = p.read_bytes()
+    _check_safetensors_header(blobs[ADAPTER_WEIGHTS_FILE])
+    _check_config(blobs[ADAPTER_CONFIG_FILE])
+
+    entries = {n: FileEntry(sha256=hashlib.sha256(b).hexdigest(), size=len(b))
+               for n, b in blobs.items()}
+    manifest = AdapterManifest(
+        run=run, version=version, step=step, base_model=base_model,
+        created_unix=float(time.time() if created_unix is None else created_unix),
+        files=entries,
+    )
+    manifest_bytes = manifest.to_json_bytes()
+    with atomic_dir(final) as tmp:
+        for n, b in blobs.items():
+            write_file(tmp, n, b)
+        # The manifest last: a manifest present means the files it names were written.
+        write_file(tmp, MANIFEST_FILE, manifest_bytes)
+    return dataclasses.replace(manifest,
+                               manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest())
+
+
+# -- verify -----------------------------------------------------------------------------
+
+
+def read_manifest(path: Path) -> AdapterManifest:
+    """Parses `path/MANIFEST.json` without hashing the files (cheap; not a verification)."""
+    mpath = Path(path) / MANIFEST_FILE
+    try:
+        st = os.lstat(mpath)
+    except FileNotFoundError as exc:
+        raise AdapterVerificationError(f"{path} has no {MANIFEST_FILE}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise AdapterVerificationError(f"{mpath} is not a regular file")
+    if st.st_size > MAX_MANIFEST_BYTES:
+        raise AdapterVerificationError(f"{mpath} is {st.st_size} bytes, too large")
+    return AdapterManifest.from_json_bytes(mpath.read_bytes())
+
+
+def verify_adapter_dir(
+    path: Path | str,
+    *,
+    expected_sha256: str | None = None,
+) -> AdapterManifest:
+    """Recomputes every file's sha256 and size against MANIFEST.json; returns the manifest.
+
+    Refuses (AdapterVerificationError): no dir, no/invalid manifest, a listed file missing,
+    an unlisted file present, a symlink or non-regular entry, a size or sha256 mismatch, a
+    manifest whose version/run disagree with the dir's place in the layout, and, when
+    `expected_sha256` is given, a manifest whose own sha256 differs (the version identity
+    a trajectory or ckpt-sync announced).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise AdapterVerificationError(f"{path} is not a directory")
+    manifest = read_manifest(path)
+    if expected_sha256 is not None and manifest.manifest_sha256 != expected_sha256:
+        raise AdapterVerificationError(
+            f"{path}: manifest sha256 {manifest.manifest_sha256} != expected {expected_sha256}")
+
+    dir_version = parse_version_dirname(path.name)
+    if dir_version is not None and dir_version != manifest.version:
+        raise AdapterVerificationError(
+            f"{path}: manifest says version {manifest.version}, dir is {path.name}")
+    if dir_version is not None and path.parent.name == ADAPTERS_DIRNAME \
+            and path.parent.parent.name != manifest.run:
+        raise AdapterVerificationError(
+            f"{path}: manifest says run {manifest.run!r}, dir is under "
+            f"{path.parent.parent.name!r}")
+
+    present: dict[str, os.DirEntry[str]] = {e.name: e for e in os.scandir(path)}
+    present.pop(MANIFEST_FILE)
+    extra = sorted(set(present) - set(manifest.files))
+    if extra:
+        raise AdapterVerificationError(f"{path}: files not in the manifest: {extra}")
+    missing = sorted(set(manifest.files) - set(present))
+    if missing:
+        raise AdapterVerificationError(f"{path}: files missing: {missing}")
+    for name, want in sorted(manifest.files.items()):
+        entry = present[name]
+        if not entry.is_file(follow_symlinks=False):
+            raise AdapterVerificationError(f"{path}: {name} is not a regular file")
+        if entry.stat(follow_symlinks=False).st_size != want.size:
+            raise AdapterVerificationError(
+                f"{path}: {name} size {entry.stat(follow_symlinks=False).st_size} != "
+                f"manifest {want.size}")
+        got = _hash_file(Path(entry.path))
+        if got.size != want.size or got.sha256 != want.sha256:
+            raise AdapterVerificationError(
+                f"{path}: {name} sha256 {got.sha256} != manifest {want.sha256}")
+    return manifest
+
+
+def manifest_sha256(path: Path | str) -> str:
+    """sha256 (hex) of `path/MANIFEST.json` bytes: the identity of an adapter version."""
+    mpath = Path(path) / MANIFEST_FILE
+    try:
+        return hashlib.sha256(mpath.read_bytes()).hexdigest()
+    except FileNotFoundError as exc:
+        raise AdapterVerificationError(f"{path} has no {MANIFEST_FILE}") from exc
+
+
+# -- listing and collection --------------------------------------------------------------
+
+
+def list_versions(runs_root: RunsRoot, run: str) -> list[int]:
+    """Published versions of `run`, ascending: `v######` dirs holding a MANIFEST.json.
+    Temp dirs (in-progress or crashed writes) are never listed. Hashes are not checked."""
+    root = runs_root.adapters_root(run)
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return []
+    versions = []
+    for e in entries:
+        v = parse_version_dirname(e.name)
+        if v is None or not e.is_dir(follow_symlinks=False):
+            continue
+        if os.path.isfile(os.path.join(e.path, MANIFEST_FILE)):
+            versions.append(v)
+    return sorted(versions)
+
+
+def latest_version(runs_root: RunsRoot, run: str) -> int | None:
+    """The highest published version of `run`, or None."""
+    versions = list_versions(runs_root, run)
+    return versions[-1] if versions else None
+
+
+def remove_version(
+    runs_root: RunsRoot,
+    run: str,
+    version: int,
+    *,
+    keep: Collection[int] = (),
+) -> None:
+    """Deletes one version (garbage collection). Never the latest, never one in `keep`
+    (e.g. versions replicas still serve): those raise VersionProtected. The dir is renamed
+    away first, so readers see it whole or not at all."""
+    if version in keep:
+        raise VersionProtected(f"version {version} of run {run!r} is in the keep set")
+    latest = latest_version(runs_root, run)
+    if latest is not None and version >= latest:
+        raise VersionProtected(f"version {version} of run {run!r} is the latest ({latest})")
+    path = runs_root.adapter_dir(run, version)
+    if not path.is_dir():
+        raise StorageError(2, f"no adapter version {version} for run {run!r}: {path}")
+    remove_dir_atomic(path)
+
+
+def prune_versions(
+    runs_root: RunsRoot,
+    run: str,
+    keep_last: int,
+    *,
+    keep: Collection[int] = (),
+) -> list[int]:
+    """Removes all but the newest `keep_last` (>= 1) versions, sparing `keep`.
+    Returns the versions removed."""
+    if keep_last < 1:
+        raise ValueError("keep_last must be >= 1 (the latest version is always kept)")
+    versions = list_versions(runs_root, run)
+    doomed = [v for v in versions[:-keep_last] if v not in keep]
+    for v in doomed:
+        remove_version(runs_root, run, v, keep=keep)
+    return doomed

@@ -1,0 +1,104 @@
+"""The live episodes of the env service: a bounded, expiring, thread-safe table.
+
+Bounded so that a client that opens and vanishes leaks nothing: an episode idle longer
+than `ttl_s` expires, and opening beyond `max_episodes` answers RESOURCE_EXHAUSTED. Each
+episode has its own lock, so thousands of episodes step concurrently.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+
+from prometheus_client import Counter, Gauge
+
+from rlfleet.maze.episode import MazeEpisode
+from rlfleet.rpc.errors import NotFound, ResourceExhausted
+
+OPEN_EPISODES = Gauge("rlfleet_env_open_episodes", "episodes held by the env service")
+EXPIRED_EPISODES = Counter("rlfleet_env_expired_episodes_total", "idle episodes expired")
+
+
+@dataclass
+class Entry:
+    episode: MazeEpisode
+    last_used: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class EpisodeTable:
+    def __init__(self, max_episodes: int = 100_000, ttl_s: float = 600.0) -> None:
+        self.max_episodes = max_episodes
+        self.ttl_s = ttl_s
+        self._entries: dict[str, Entry] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap_forever, name="reaper", daemon=True)
+        self._reaper.start()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(self, episodes: list[MazeEpisode]) -> list[str]:
+        """Adds all or none."""
+        now = time.monotonic()
+        with self._lock:
+            self._expire_locked(now)
+            if len(self._entries) + len(episodes) > self.max_episodes:
+                raise ResourceExhausted(
+                    f"env service holds {len(self._entries)} episodes, limit "
+                    f"{self.max_episodes}; close finished episodes or retry later"
+                )
+            ids = [secrets.token_hex(12) for _ in episodes]
+            for episode_id, episode in zip(ids, episodes, strict=True):
+                self._entries[episode_id] = Entry(episode, now)
+            OPEN_EPISODES.set(len(self._entries))
+        return ids
+
+    def get_all(self, ids: list[str]) -> list[Entry]:
+        """The entries for `ids`, all or NotFound naming the first missing one."""
+        now = time.monotonic()
+        with self._lock:
+            entries = []
+            for episode_id in ids:
+                entry = self._entries.get(episode_id)
+                if entry is None or now - entry.last_used > self.ttl_s:
+                    raise NotFound(f"unknown or expired episode id {episode_id[:64]!r}")
+                entries.append(entry)
+            for entry in entries:
+                entry.last_used = now
+        return entries
+
+    def pop(self, ids: list[str]) -> tuple[list[tuple[str, MazeEpisode]], list[str]]:
+        closed, missing = [], []
+        with self._lock:
+            for episode_id in ids:
+                entry = self._entries.pop(episode_id, None)
+                if entry is None:
+                    missing.append(episode_id)
+                else:
+                    closed.append((episode_id, entry.episode))
+            OPEN_EPISODES.set(len(self._entries))
+        return closed, missing
+
+    def expire(self) -> int:
+        with self._lock:
+            return self._expire_locked(time.monotonic())
+
+    def _expire_locked(self, now: float) -> int:
+        stale = [k for k, e in self._entries.items() if now - e.last_used > self.ttl_s]
+        for key in stale:
+            del self._entries[key]
+        if stale:
+            EXPIRED_EPISODES.inc(len(stale))
+            OPEN_EPISODES.set(len(self._entries))
+        return len(stale)
+
+    def _reap_forever(self) -> None:
+        while not self._stop.wait(min(30.0, max(self.ttl_s / 4, 0.05))):
+            self.expire()
+
+    def close(self) -> None:
+        self._stop.set()

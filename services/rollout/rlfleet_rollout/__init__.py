@@ -1,0 +1,1 @@
+"""The rlfleet rollout service."""

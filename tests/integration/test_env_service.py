@@ -1,0 +1,113 @@
+"""The env/reward service as a real process: scale, expiry, capacity, shutdown, CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from rlfleet.rpc import RpcClient
+from rlfleet.v1 import common_pb2, env_pb2, env_pb2_grpc, reward_pb2, reward_pb2_grpc
+
+Env = env_pb2_grpc.EnvServiceStub
+
+
+def specs(n: int, seed0: int = 1000) -> list[common_pb2.TaskSpec]:
+    return [common_pb2.TaskSpec(task="maze_2d", seed=seed0 + i) for i in range(n)]
+
+
+def test_thousands_of_concurrent_episodes(start_env) -> None:
+    proc = start_env()
+    client = RpcClient(proc.address, timeout_s=60)
+    n_clients, per_client = 8, 250  # 2000 episodes open at once
+
+    def play(k: int) -> int:
+        opened = client.call(Env, "Open", env_pb2.OpenRequest(tasks=specs(per_client, k * 1000)))
+        ids = [e.episode_id for e in opened.episodes]
+        for _ in range(3):
+            step = env_pb2.StepRequest(
+                actions=[env_pb2.Action(episode_id=i, text="('move', 3)") for i in ids]
+            )
+            results = client.call(Env, "Step", step).results
+            assert [r.episode_id for r in results] == ids
+        closed = client.call(Env, "Close", env_pb2.CloseRequest(episode_ids=ids))
+        assert not closed.not_found
+        return sum(e.state.turns for e in closed.episodes)
+
+    with ThreadPoolExecutor(n_clients) as pool:
+        turns = list(pool.map(play, range(n_clients)))
+    assert turns == [3 * per_client] * n_clients
+
+
+def test_idle_episodes_expire(start_env) -> None:
+    proc = start_env("--episode-ttl-s", "0.5")
+    client = RpcClient(proc.address)
+    ep = client.call(Env, "Open", env_pb2.OpenRequest(tasks=specs(1))).episodes[0]
+    time.sleep(1.5)
+    with pytest.raises(grpc.RpcError) as err:
+        client.call(Env, "Step", env_pb2.StepRequest(
+            actions=[env_pb2.Action(episode_id=ep.episode_id, text="('move', 0)")]))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_capacity_is_resource_exhausted_and_nothing_is_lost(start_env) -> None:
+    proc = start_env("--max-episodes", "10")
+    client = RpcClient(proc.address)
+    first = client.call(Env, "Open", env_pb2.OpenRequest(tasks=specs(8))).episodes
+    with pytest.raises(grpc.RpcError) as err:
+        client.call(Env, "Open", env_pb2.OpenRequest(tasks=specs(3)))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # the episodes already open are untouched and the service is still up
+    ids = [e.episode_id for e in first]
+    closed = client.call(Env, "Close", env_pb2.CloseRequest(episode_ids=ids))
+    assert len(closed.episodes) == 8
+    assert client.call(Env, "Open", env_pb2.OpenRequest(tasks=specs(10))).episodes
+
+
+def test_same_seed_same_png_across_processes(start_env) -> None:
+    a, b = start_env(name="env-a"), start_env(name="env-b")
+    digests = []
+    for proc in (a, b):
+        reply = RpcClient(proc.address).call(
+            Env, "Open", env_pb2.OpenRequest(tasks=specs(3, 40), include_image=True))
+        digests.append([hashlib.sha256(e.observation.image.png).hexdigest()
+                        for e in reply.episodes])
+    assert digests[0] == digests[1]
+    assert len(set(digests[0])) == 3
+
+
+def test_reward_services_report_name_and_differ(start_env) -> None:
+    records = [reward_pb2.EpisodeRecord(task=specs(1)[0], actions=["('move', 0)", "???"])]
+    infos = {}
+    for reward in ("task", "format+task"):
+        proc = start_env("--reward", reward, name=f"env-{reward}")
+        reply = RpcClient(proc.address).call(
+            reward_pb2_grpc.RewardServiceStub, "Score", reward_pb2.ScoreRequest(episodes=records))
+        infos[reward] = (reply.info.name, reply.scores[0])
+    assert infos["task"][0] == "task" and infos["task"][1].reward == 0.0
+    name, score = infos["format+task"]
+    assert name == "format+task"
+    assert score.components["format"] == pytest.approx(0.5)
+    assert score.reward == pytest.approx(0.1) and not score.solved
+
+
+def test_sigterm_drains_and_exits_cleanly(start_env, procs) -> None:
+    proc = start_env()
+    proc.popen.send_signal(signal.SIGTERM)
+    assert proc.popen.wait(30) == 0
+    assert "draining" in proc.log_path.read_text()
+
+
+def test_unknown_reward_is_a_clear_error() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "rlfleet.cli", "env", "serve", "--reward", "nope"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode != 0
+    assert "invalid choice: 'nope'" in out.stderr

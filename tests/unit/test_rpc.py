@@ -1,0 +1,200 @@
+"""The rpc layer over real gRPC on loopback: auth, error mapping, retries, deadlines,
+overload, graceful drain, metrics."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+
+import grpc
+import pytest
+
+from rlfleet.local.procs import free_port
+from rlfleet.rpc import (
+    FailedPrecondition,
+    GrpcServer,
+    InvalidArgument,
+    NotFound,
+    RpcClient,
+    ServerConfig,
+)
+from rlfleet.rpc.health import check
+from rlfleet.v1 import env_pb2, env_pb2_grpc
+
+SERVICE = "rlfleet.v1.EnvService"
+
+
+class ScriptedEnv(env_pb2_grpc.EnvServiceServicer):
+    """An EnvService whose behaviour is chosen by the task name of the first spec."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.release = threading.Event()
+
+    def Open(self, request, context):  # noqa: N802, ANN001, ANN201
+        self.calls += 1
+        what = request.tasks[0].task if request.tasks else ""
+        if what == "invalid":
+            raise InvalidArgument("bad spec")
+        if what == "missing":
+            raise NotFound("no such thing")
+        if what == "done":
+            raise FailedPrecondition("episode over")
+        if what == "boom":
+            raise RuntimeError("secret internal detail")
+        if what == "slow":
+            self.release.wait(5)
+        return env_pb2.OpenResponse(episodes=[env_pb2.Episode(episode_id="ok")])
+
+
+def make_server(**config) -> tuple[GrpcServer, ScriptedEnv]:  # noqa: ANN003
+    servicer = ScriptedEnv()
+    server = GrpcServer(
+        "test",
+        ServerConfig(port=0, metrics_port=0, **config),
+        [lambda s: env_pb2_grpc.add_EnvServiceServicer_to_server(servicer, s) or SERVICE],
+    )
+    return server.start(), servicer
+
+
+def open_request(task: str = "") -> env_pb2.OpenRequest:
+    from rlfleet.v1 import common_pb2
+
+    return env_pb2.OpenRequest(tasks=[common_pb2.TaskSpec(task=task)])
+
+
+@pytest.fixture
+def server():
+    srv, servicer = make_server()
+    yield srv, servicer
+    servicer.release.set()
+    srv.stop(0)
+
+
+def test_errors_map_to_status_codes(server) -> None:
+    srv, _ = server
+    client = RpcClient(srv.address, timeout_s=5)
+    cases = {
+        "invalid": grpc.StatusCode.INVALID_ARGUMENT,
+        "missing": grpc.StatusCode.NOT_FOUND,
+        "done": grpc.StatusCode.FAILED_PRECONDITION,
+        "boom": grpc.StatusCode.INTERNAL,
+    }
+    for task, code in cases.items():
+        with pytest.raises(grpc.RpcError) as err:
+            client.call(env_pb2_grpc.EnvServiceStub, "Open", open_request(task))
+        assert err.value.code() == code
+    # internal errors do not leak their message to the caller
+    with pytest.raises(grpc.RpcError) as err:
+        client.call(env_pb2_grpc.EnvServiceStub, "Open", open_request("boom"))
+    assert "secret" not in err.value.details()
+    # and the server is still up
+    assert client.call(env_pb2_grpc.EnvServiceStub, "Open", open_request()).episodes
+
+
+def test_malformed_bytes_are_invalid_argument(server) -> None:
+    srv, _ = server
+    with grpc.insecure_channel(srv.address) as channel:
+        raw = channel.unary_unary(f"/{SERVICE}/Open", request_serializer=lambda b: b,
+                                  response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError) as err:
+            raw(b"\x0a\xff\xff\xff\xff", timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_health_and_metrics(server) -> None:
+    srv, _ = server
+    assert check(srv.address) == "SERVING"
+    assert check(srv.address, SERVICE) == "SERVING"
+    RpcClient(srv.address).call(env_pb2_grpc.EnvServiceStub, "Open", open_request())
+    text = urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics").read().decode()
+    assert 'rlfleet_grpc_requests_total{code="OK",grpc_service="rlfleet.v1.EnvService"' in text
+
+
+def test_auth_token_required_but_probes_open() -> None:
+    srv, _ = make_server(auth_token="s3cret-token")
+    try:
+        stub_call = (env_pb2_grpc.EnvServiceStub, "Open", open_request())
+        for token in (None, "wrong"):
+            with pytest.raises(grpc.RpcError) as err:
+                RpcClient(srv.address, token=token).call(*stub_call)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert RpcClient(srv.address, token="s3cret-token").call(*stub_call).episodes
+        assert check(srv.address) == "SERVING"  # health needs no token
+    finally:
+        srv.stop(0)
+
+
+def test_client_retries_unavailable_on_another_address(server) -> None:
+    srv, servicer = server
+    dead = f"127.0.0.1:{free_port()}"
+    client = RpcClient([dead, srv.address], timeout_s=5, max_attempts=3, backoff_s=0.01)
+    for _ in range(4):  # whichever address comes first, each call succeeds
+        assert client.call(env_pb2_grpc.EnvServiceStub, "Open", open_request()).episodes
+    assert servicer.calls == 4
+
+
+def test_client_gives_up_after_max_attempts() -> None:
+    client = RpcClient([f"127.0.0.1:{free_port()}"], timeout_s=2, max_attempts=2, backoff_s=0.01)
+    with pytest.raises(grpc.RpcError) as err:
+        client.call(env_pb2_grpc.EnvServiceStub, "Open", open_request())
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_non_retryable_errors_are_not_retried(server) -> None:
+    srv, servicer = server
+    client = RpcClient([srv.address, srv.address], max_attempts=4)
+    with pytest.raises(grpc.RpcError):
+        client.call(env_pb2_grpc.EnvServiceStub, "Open", open_request("invalid"))
+    assert servicer.calls == 1
+
+
+def test_deadline_fires(server) -> None:
+    srv, _ = server
+    with pytest.raises(grpc.RpcError) as err:
+        RpcClient(srv.address).call(
+            env_pb2_grpc.EnvServiceStub, "Open", open_request("slow"), timeout_s=0.2
+        )
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_overload_is_resource_exhausted() -> None:
+    srv, servicer = make_server(max_concurrent_rpcs=1)
+    try:
+        client = RpcClient(srv.address, timeout_s=10)
+        t = threading.Thread(
+            target=client.call, args=(env_pb2_grpc.EnvServiceStub, "Open", open_request("slow"))
+        )
+        t.start()
+        while servicer.calls == 0:
+            time.sleep(0.01)
+        with pytest.raises(grpc.RpcError) as err:
+            client.call(env_pb2_grpc.EnvServiceStub, "Open", open_request())
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        servicer.release.set()
+        t.join()
+    finally:
+        srv.stop(0)
+
+
+def test_graceful_stop_finishes_calls_in_flight() -> None:
+    srv, servicer = make_server(grace_s=5)
+    result: dict = {}
+
+    def slow_call() -> None:
+        client = RpcClient(srv.address, timeout_s=10)
+        result["reply"] = client.call(env_pb2_grpc.EnvServiceStub, "Open", open_request("slow"))
+
+    t = threading.Thread(target=slow_call)
+    t.start()
+    while servicer.calls == 0:
+        time.sleep(0.01)
+    stopper = threading.Thread(target=srv.stop)
+    stopper.start()
+    time.sleep(0.2)
+    servicer.release.set()
+    t.join(10)
+    stopper.join(10)
+    assert result["reply"].episodes[0].episode_id == "ok"
+    assert check(srv.address, timeout_s=1) != "SERVING"

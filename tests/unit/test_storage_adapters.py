@@ -1,0 +1,264 @@
+"""rlfleet.storage.adapters: publish, verify (every kind of tampering), list, collect."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.numpy
+
+from rlfleet.storage.adapters import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_WEIGHTS_FILE,
+    MANIFEST_FILE,
+    AdapterVerificationError,
+    VersionProtected,
+    latest_version,
+    list_versions,
+    manifest_sha256,
+    prune_versions,
+    publish_adapter_dir,
+    remove_version,
+    verify_adapter_dir,
+)
+from rlfleet.storage.atomic import DestinationExists, StorageError
+from rlfleet.storage.paths import PathOutsideRunsRoot, RunsRoot
+
+BASE = "tiny-qwen3-vl"
+
+
+def _files(seed: int = 0) -> dict[str, bytes]:
+    rng = np.random.default_rng(seed)
+    weights = safetensors.numpy.save({
+        "base_model.model.layers.0.q_proj.lora_A.weight":
+            rng.standard_normal((4, 16)).astype(np.float32),
+        "base_model.model.layers.0.q_proj.lora_B.weight": np.zeros((16, 4), np.float32),
+    })
+    config = json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8,
+                         "target_modules": ["q_proj"]}).encode()
+    return {ADAPTER_WEIGHTS_FILE: weights, ADAPTER_CONFIG_FILE: config}
+
+
+@pytest.fixture
+def rr(tmp_path: Path) -> RunsRoot:
+    return RunsRoot(tmp_path / "runs")
+
+
+@pytest.fixture
+def published(rr: RunsRoot) -> Path:
+    publish_adapter_dir(rr, "exp", 1, _files(), BASE, step=10)
+    return rr.adapter_dir("exp", 1)
+
+
+def test_publish_and_verify(rr: RunsRoot) -> None:
+    files = _files()
+    m = publish_adapter_dir(rr, "exp", 3, files, BASE, step=30, created_unix=1700000000.0)
+    path = rr.adapter_dir("exp", 3)
+    assert sorted(os.listdir(path)) == sorted([*files, MANIFEST_FILE])
+    assert (m.run, m.version, m.step, m.base_model) == ("exp", 3, 30, BASE)
+    assert m.created_unix == 1700000000.0
+    assert m.files[ADAPTER_WEIGHTS_FILE].size == len(files[ADAPTER_WEIGHTS_FILE])
+    assert m.manifest_sha256 == manifest_sha256(path)
+    v = verify_adapter_dir(path, expected_sha256=m.manifest_sha256)
+    assert v == m and v.manifest_sha256 == m.manifest_sha256
+    doc = json.loads((path / MANIFEST_FILE).read_text())
+    assert doc["format_version"] == 1
+    assert set(doc["files"]) == set(files)
+
+
+def test_publish_from_source_dir(rr: RunsRoot, tmp_path: Path) -> None:
+    src = tmp_path / "peft_out"
+    src.mkdir()
+    for name, data in _files().items():
+        (src / name).write_bytes(data)
+    (src / "README.md").write_text("model card")  # not part of a version
+    publish_adapter_dir(rr, "exp", 1, src, BASE, step=1)
+    path = rr.adapter_dir("exp", 1)
+    assert "README.md" not in os.listdir(path)
+    verify_adapter_dir(path)
+
+
+def test_publish_refuses_bad_input(rr: RunsRoot, tmp_path: Path) -> None:
+    good = _files()
+    with pytest.raises(ValueError, match="unexpected"):
+        publish_adapter_dir(rr, "exp", 1, {**good, "evil.py": b""}, BASE, step=1)
+    with pytest.raises(ValueError, match="missing"):
+        publish_adapter_dir(rr, "exp", 1, {ADAPTER_WEIGHTS_FILE: good[ADAPTER_WEIGHTS_FILE]},
+                            BASE, step=1)
+    with pytest.raises(ValueError, match="safetensors"):
+        publish_adapter_dir(rr, "exp", 1, {**good, ADAPTER_WEIGHTS_FILE: b"junk"}, BASE, 1)
+    with pytest.raises(ValueError, match="JSON"):
+        publish_adapter_dir(rr, "exp", 1, {**good, ADAPTER_CONFIG_FILE: b"{"}, BASE, 1)
+    with pytest.raises(ValueError, match="no adapter_model"):
+        publish_adapter_dir(rr, "exp", 1, tmp_path / "nowhere", BASE, step=1)
+    with pytest.raises(ValueError):
+        publish_adapter_dir(rr, "../etc", 1, good, BASE, step=1)
+    assert list_versions(rr, "exp") == []
+
+
+def test_publish_never_overwrites(rr: RunsRoot, published: Path) -> None:
+    before = manifest_sha256(published)
+    with pytest.raises(DestinationExists):
+        publish_adapter_dir(rr, "exp", 1, _files(seed=1), BASE, step=11)
+    assert manifest_sha256(published) == before
+
+
+def test_publish_into_symlink_escape_refused(rr: RunsRoot, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    rr.root.mkdir(parents=True)
+    (rr.root / "exp").symlink_to(outside)
+    with pytest.raises(PathOutsideRunsRoot):
+        publish_adapter_dir(rr, "exp", 1, _files(), BASE, step=1)
+    assert list(outside.iterdir()) == []
+
+
+def test_publish_enospc_reported_and_cleaned(
+    rr: RunsRoot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = os.write
+    calls = {"n": 0}
+
+    def write_then_fail(fd: int, data: bytes) -> int:
+        calls["n"] += 1
+        if calls["n"] >= 2:  # the first file lands, the second hits a full disk
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write_then_fail)
+    with pytest.raises(StorageError) as info:
+        publish_adapter_dir(rr, "exp", 1, _files(), BASE, step=1)
+    monkeypatch.undo()
+    assert info.value.errno == errno.ENOSPC
+    assert list_versions(rr, "exp") == []
+    assert os.listdir(rr.adapters_root("exp")) == []
+
+
+def test_verify_flipped_byte(published: Path) -> None:
+    p = published / ADAPTER_WEIGHTS_FILE
+    data = bytearray(p.read_bytes())
+    data[-1] ^= 0x01
+    p.write_bytes(bytes(data))
+    with pytest.raises(AdapterVerificationError, match="sha256"):
+        verify_adapter_dir(published)
+
+
+def test_verify_truncated_file(published: Path) -> None:
+    p = published / ADAPTER_CONFIG_FILE
+    p.write_bytes(p.read_bytes()[:-1])
+    with pytest.raises(AdapterVerificationError, match="size"):
+        verify_adapter_dir(published)
+
+
+def test_verify_extra_file(published: Path) -> None:
+    (published / "extra.bin").write_bytes(b"x")
+    with pytest.raises(AdapterVerificationError, match="not in the manifest"):
+        verify_adapter_dir(published)
+
+
+def test_verify_missing_file(published: Path) -> None:
+    (published / ADAPTER_CONFIG_FILE).unlink()
+    with pytest.raises(AdapterVerificationError, match="missing"):
+        verify_adapter_dir(published)
+
+
+def test_verify_missing_manifest(published: Path) -> None:
+    (published / MANIFEST_FILE).unlink()
+    with pytest.raises(AdapterVerificationError, match="no MANIFEST"):
+        verify_adapter_dir(published)
+    with pytest.raises(AdapterVerificationError):
+        manifest_sha256(published)
+
+
+def test_verify_manifest_not_json(published: Path) -> None:
+    (published / MANIFEST_FILE).write_bytes(b'{"format_version": 1, ')
+    with pytest.raises(AdapterVerificationError, match="not valid JSON"):
+        verify_adapter_dir(published)
+
+
+def _edit_manifest(path: Path, **changes: object) -> None:
+    doc = json.loads((path / MANIFEST_FILE).read_text())
+    doc.update(changes)
+    (path / MANIFEST_FILE).write_text(json.dumps(doc))
+
+
+def test_verify_manifest_lies_about_sha(published: Path) -> None:
+    doc = json.loads((published / MANIFEST_FILE).read_text())
+    doc["files"][ADAPTER_WEIGHTS_FILE]["sha256"] = "0" * 64
+    (published / MANIFEST_FILE).write_text(json.dumps(doc))
+    with pytest.raises(AdapterVerificationError, match="sha256"):
+        verify_adapter_dir(published)
+
+
+def test_verify_manifest_lies_about_version(published: Path) -> None:
+    _edit_manifest(published, version=2)
+    with pytest.raises(AdapterVerificationError, match="version"):
+        verify_adapter_dir(published)
+
+
+def test_verify_manifest_lies_about_run(published: Path) -> None:
+    _edit_manifest(published, run="other")
+    with pytest.raises(AdapterVerificationError, match="run"):
+        verify_adapter_dir(published)
+
+
+def test_verify_manifest_edit_changes_identity(published: Path) -> None:
+    before = manifest_sha256(published)
+    _edit_manifest(published, step=999)  # consistent but not what was announced
+    verify_adapter_dir(published)
+    with pytest.raises(AdapterVerificationError, match="expected"):
+        verify_adapter_dir(published, expected_sha256=before)
+
+
+@pytest.mark.parametrize("change", [
+    {"format_version": 99}, {"files": []}, {"version": "1"}, {"step": -1},
+    {"files": {"../../etc/passwd": {"sha256": "0" * 64, "size": 1}}},
+])
+def test_verify_manifest_schema(published: Path, change: dict[str, object]) -> None:
+    _edit_manifest(published, **change)
+    with pytest.raises(AdapterVerificationError):
+        verify_adapter_dir(published)
+
+
+def test_verify_symlinked_file_refused(published: Path, tmp_path: Path) -> None:
+    p = published / ADAPTER_CONFIG_FILE
+    target = tmp_path / "cfg.json"
+    target.write_bytes(p.read_bytes())
+    p.unlink()
+    p.symlink_to(target)
+    with pytest.raises(AdapterVerificationError, match="regular file"):
+        verify_adapter_dir(published)
+
+
+def test_list_ignores_temp_and_incomplete(rr: RunsRoot) -> None:
+    for v in (1, 2, 10):
+        publish_adapter_dir(rr, "exp", v, _files(v), BASE, step=v * 10)
+    root = rr.adapters_root("exp")
+    (root / ".v000011.tmp-1-abc").mkdir()  # crashed writer
+    (root / "v000012").mkdir()  # no manifest: not a version
+    (root / "notes").mkdir()
+    assert list_versions(rr, "exp") == [1, 2, 10]
+    assert latest_version(rr, "exp") == 10
+    assert list_versions(rr, "nothing-yet") == []
+    assert latest_version(rr, "nothing-yet") is None
+
+
+def test_remove_and_prune(rr: RunsRoot) -> None:
+    for v in range(1, 6):
+        publish_adapter_dir(rr, "exp", v, _files(v), BASE, step=v)
+    with pytest.raises(VersionProtected, match="latest"):
+        remove_version(rr, "exp", 5)
+    with pytest.raises(VersionProtected, match="keep"):
+        remove_version(rr, "exp", 2, keep={2})
+    remove_version(rr, "exp", 1)
+    assert list_versions(rr, "exp") == [2, 3, 4, 5]
+    with pytest.raises(StorageError):
+        remove_version(rr, "exp", 1)
+    assert prune_versions(rr, "exp", keep_last=1, keep={3}) == [2, 4]
+    assert list_versions(rr, "exp") == [3, 5]
+    assert sorted(os.listdir(rr.adapters_root("exp"))) == ["v000003", "v000005"]
+    verify_adapter_dir(rr.adapter_dir("exp", 5))
