@@ -13,6 +13,9 @@ from rlfleet.local.procs import Proc, ProcessGroup, free_port, rlfleet_argv
 # Tests never reach a hub: models and tokenizers are built locally.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# On 2 shared cores one intra-op thread per process is far faster than several
+# contending ones; child processes (services) inherit this.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture
@@ -31,5 +34,26 @@ def start_env(procs: ProcessGroup) -> Callable[..., Proc]:
         argv = rlfleet_argv("env", "serve", "--port", str(port), "--metrics-port",
                             str(free_port()), *extra)
         return procs.start_service(name, argv, f"127.0.0.1:{port}", env=env)
+
+    return start
+
+
+@pytest.fixture
+def redis_url(procs: ProcessGroup) -> str:
+    """A real redis-server on loopback for this test."""
+    from rlfleet.local.redis import start_redis
+
+    _, url = start_redis(procs)
+    return url
+
+
+@pytest.fixture
+def start_ckptsync(procs: ProcessGroup, tmp_path: Path) -> Callable[..., Proc]:
+    def start(redis_url: str, runs_root: Path, *extra: str, name: str = "ckptsync") -> Proc:
+        port = free_port()
+        argv = rlfleet_argv("ckptsync", "serve", "--port", str(port), "--metrics-port",
+                            str(free_port()), "--redis-url", redis_url, "--runs-root",
+                            str(runs_root), *extra)
+        return procs.start_service(name, argv, f"127.0.0.1:{port}")
 
     return start

@@ -1,23 +1,23 @@
 """What every service process shares: common settings, flags, and the run loop.
 
-A service defines a settings model (subclass of ServiceSettings) and a function that
-builds its servicers; `run_service` does the rest: logging, config from file + env +
-flags, the rpc server, SIGTERM handling, and a clean exit code.
+A service defines a settings model (a ServiceSettings subclass with its own default
+ports) and builds its GrpcServer; `settings_or_exit` and `serve_forever` do the rest:
+config from file + env + flags, logging, SIGTERM handling, a clean exit code.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlfleet.config import load_config, read_secret
+from rlfleet.config import ConfigError, load_config, read_secret
 from rlfleet.logs import setup_logging
-from rlfleet.rpc.server import GrpcServer, Registration, ServerConfig, TlsConfig
+from rlfleet.rpc.server import GrpcServer, ServerConfig, TlsConfig
 
 S = TypeVar("S", bound="ServiceSettings")
 log = logging.getLogger(__name__)
@@ -74,19 +74,32 @@ def load_settings(model: type[S], args: argparse.Namespace, **extra: object) -> 
     return load_config(model, args.config, overrides=flags)
 
 
-def run_service(
-    name: str,
-    settings: ServiceSettings,
-    registrations: Sequence[Registration],
+def settings_or_exit(model: type[S], args: argparse.Namespace, service: str) -> S:
+    """Loads settings and sets up logging; a bad configuration exits with its message."""
+    try:
+        settings = load_settings(model, args)
+    except ConfigError as exc:
+        raise SystemExit(f"rlfleet {service}: {exc}") from None
+    setup_logging(service, settings.log_level)
+    return settings
+
+
+def serve_forever(
+    server: GrpcServer,
+    banner: str,
     on_stop: Callable[[], None] | None = None,
-    on_started: Callable[[GrpcServer], None] | None = None,
+    until_ready: Callable[[], None] | None = None,
 ) -> int:
-    setup_logging(name, settings.log_level)
-    server = GrpcServer(name, settings.server_config(), registrations)
+    """Starts `server` and drains it on SIGTERM/SIGINT (after `on_stop`); returns 0.
+
+    With `until_ready`, health stays NOT_SERVING while it runs (probes see the server up
+    but not ready), then turns SERVING."""
     server.install_signal_handlers(on_stop)
-    server.start()
-    if on_started is not None:
-        on_started(server)
-    print(f"{name} listening on {server.address}", flush=True)
+    server.start(serving=until_ready is None)
+    print(f"{banner} listening on {server.address}", flush=True)
+    if until_ready is not None:
+        until_ready()
+        server.set_serving(True)
+        print(f"{banner} ready", flush=True)
     server.wait()
     return 0

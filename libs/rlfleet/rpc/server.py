@@ -92,13 +92,15 @@ class GrpcServer:
     def address(self) -> str:
         return f"{self.config.host}:{self.port}"
 
-    def start(self) -> GrpcServer:
+    def start(self, serving: bool = True) -> GrpcServer:
+        """Starts listening. `serving=False` keeps health NOT_SERVING until the service says
+        it is ready (e.g. a rollout replica that is still loading its adapter)."""
         if self.config.metrics_port is not None:
             httpd, _ = start_http_server(self.config.metrics_port, addr=self.config.host)
             self._metrics_httpd = httpd
             self.metrics_port = httpd.server_address[1]
+        self.set_serving(serving)
         self._server.start()
-        self.set_serving(True)
         log.info(
             "serving",
             extra={"address": self.address, "metrics_port": self.metrics_port,

@@ -4,26 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from rlfleet.config import ConfigError
-from rlfleet.logs import setup_logging
-from rlfleet.service import add_common_args, load_settings
+from rlfleet.service import add_common_args, serve_forever, settings_or_exit
 from rlfleet_env.rewards import REWARDS
 
 
 def _serve(args: argparse.Namespace) -> int:
     from rlfleet_env.server import EnvSettings, make_server
 
-    try:
-        settings = load_settings(EnvSettings, args)
-    except ConfigError as exc:
-        raise SystemExit(f"rlfleet env serve: {exc}") from None
-    setup_logging("env", settings.log_level)
+    settings = settings_or_exit(EnvSettings, args, "env")
     server, table = make_server(settings)
-    server.install_signal_handlers(on_stop=table.close)
-    server.start()
-    print(f"env service ({settings.reward}) listening on {server.address}", flush=True)
-    server.wait()
-    return 0
+    return serve_forever(server, f"env service ({settings.reward})", on_stop=table.close)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,9 +1,93 @@
-"""`rlfleet rollout ...`."""
+"""`rlfleet rollout serve` (a replica) and `rlfleet rollout sample` (one group, printed)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import uuid
+from pathlib import Path
+
+from rlfleet.service import add_common_args, serve_forever, settings_or_exit
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from rlfleet_rollout.server import build_replica
+    from rlfleet_rollout.settings import RolloutSettings
+
+    settings = settings_or_exit(RolloutSettings, args, "rollout")
+    replica = build_replica(settings)
+    try:
+        return serve_forever(replica.server, f"rollout replica {settings.replica_id}",
+                             on_stop=replica.stop, until_ready=replica.until_ready)
+    finally:
+        replica.close()
+
+
+def _sample(args: argparse.Namespace) -> int:
+    import grpc
+
+    from rlfleet.config import read_secret
+    from rlfleet.rpc.client import RpcClient
+    from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+
+    request = rollout_pb2.GroupRequest(
+        task=common_pb2.TaskSpec(task=args.task, seed=args.seed, size=args.size,
+                                 max_turns=args.max_turns),
+        group_size=args.group_size,
+        sampling=rollout_pb2.SamplingParams(temperature=args.temperature,
+                                            max_new_tokens=args.max_new_tokens,
+                                            seed=args.sampling_seed),
+        idempotency_key=args.key or uuid.uuid4().hex,
+        env_address=args.env_address or "",
+        context=args.context,
+    )
+    client = RpcClient(args.target, token=read_secret("RLFLEET_AUTH_TOKEN"), timeout_s=600)
+    try:
+        for t in client.stream(rollout_pb2_grpc.RolloutServiceStub, "RolloutGroup", request):
+            doc = {
+                "index": t.index, "reward": t.reward, "solved": t.solved,
+                "components": dict(t.reward_components), "turns": len(t.turns),
+                "tokens": len(t.token_ids), "model_tokens": sum(t.loss_mask),
+                "adapter_version": t.adapter.version, "replica": t.replica_id,
+                "actions": [turn.text for turn in t.turns],
+                "feedback": [turn.feedback for turn in t.turns][-3:],
+                "total_s": round(t.timings.total_s, 3),
+            }
+            print(json.dumps(doc))
+    except grpc.RpcError as err:
+        print(f"rollout sample: {err.code().name}: {err.details()}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser("rollout", help="the rollout service (not yet available)")
+    p = sub.add_parser("rollout", help="rollout replicas")
+    p_sub = p.add_subparsers(dest="subcommand", required=True)
+    serve = p_sub.add_parser("serve", help="serve a rollout replica")
+    add_common_args(serve, port=50052, metrics_port=9102)
+    for flag, kind in (("--engine", str), ("--profile", str), ("--model", Path),
+                       ("--model-cache", Path), ("--device", str), ("--torch-threads", int),
+                       ("--env-address", str), ("--reward-address", str),
+                       ("--redis-url", str), ("--sync-address", str), ("--runs-root", Path),
+                       ("--run", str), ("--replica-id", str), ("--advertise-address", str),
+                       ("--max-batch", int), ("--max-groups", int),
+                       ("--adapter-wait-s", float), ("--cell-px", int),
+                       ("--heartbeat-s", float), ("--heartbeat-ttl-s", float)):
+        serve.add_argument(flag, type=kind, default=None)
+    serve.set_defaults(func=_serve)
+
+    sample = p_sub.add_parser("sample", help="roll out one group and print the trajectories")
+    sample.add_argument("--target", required=True, help="HOST:PORT of a rollout replica")
+    sample.add_argument("--env-address", default=None)
+    sample.add_argument("--task", default="maze_2d")
+    sample.add_argument("--seed", type=int, default=1_000_000)
+    sample.add_argument("--size", type=int, default=0)
+    sample.add_argument("--max-turns", type=int, default=0)
+    sample.add_argument("--group-size", type=int, default=4)
+    sample.add_argument("--temperature", type=float, default=1.0)
+    sample.add_argument("--max-new-tokens", type=int, default=8)
+    sample.add_argument("--sampling-seed", type=int, default=0)
+    sample.add_argument("--context", default="full", choices=["full", "last_frame"])
+    sample.add_argument("--key", default=None, help="idempotency key (default: random)")
+    sample.set_defaults(func=_sample)

@@ -1,0 +1,131 @@
+"""What ckpt-sync knows, and how it rebuilds it: the runs root on /shared is the truth,
+Redis a cache of it plus the replicas' heartbeats and acks."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from rlfleet.registry import AdapterRecord, AdapterRegistry, ReplicaRegistry
+from rlfleet.storage import (
+    AdapterVerificationError,
+    RunsRoot,
+    VersionProtected,
+    latest_version,
+    list_versions,
+    remove_version,
+    verify_adapter_dir,
+)
+
+log = logging.getLogger(__name__)
+
+PUBLISH_TO_LIVE = Histogram(
+    "rlfleet_sync_publish_to_live_seconds",
+    "time from publishing an adapter version until every live replica serves it",
+    ["run"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
+)
+LATEST_VERSION = Gauge("rlfleet_sync_latest_version", "latest published adapter version", ["run"])
+REPLICA_VERSION = Gauge(
+    "rlfleet_sync_replica_adapter_version", "adapter version each live replica serves",
+    ["replica"],
+)
+LIVE_REPLICAS = Gauge("rlfleet_sync_live_replicas", "rollout replicas with a live heartbeat")
+REMOVED_VERSIONS = Counter("rlfleet_sync_removed_versions_total", "adapter versions removed")
+REPUBLISHED = Counter(
+    "rlfleet_sync_republished_total", "versions re-announced from /shared after Redis lost them"
+)
+
+
+@dataclass
+class SyncState:
+    runs_root: RunsRoot
+    adapters: AdapterRegistry
+    replicas: ReplicaRegistry
+    keep_last: int = 3
+    _measured: set[tuple[str, int]] = field(default_factory=set)
+
+    def verify_and_record(self, run: str, version: int) -> AdapterRecord:
+        path = self.runs_root.adapter_dir(run, version)
+        manifest = verify_adapter_dir(path)
+        if manifest.run != run or manifest.version != version:
+            raise AdapterVerificationError(
+                f"{path}: manifest names run {manifest.run!r} version {manifest.version}")
+        return AdapterRecord(
+            run=run,
+            version=version,
+            path=str(path.relative_to(self.runs_root.root)),
+            sha256=manifest.manifest_sha256,
+            step=manifest.step,
+            published_at=time.time(),
+        )
+
+    def rebuild(self) -> None:
+        """Re-announces the newest verified version of every run that Redis lacks (after a
+        flush or restart). Versions never go backwards: Redis keeps whichever is newer."""
+        for run in self.runs_root.list_runs():
+            newest = latest_version(self.runs_root, run)
+            if newest is None:
+                continue
+            current = self.adapters.latest(run)
+            if current is not None and current.version >= newest:
+                LATEST_VERSION.labels(run).set(current.version)
+                continue
+            for version in sorted(list_versions(self.runs_root, run), reverse=True):
+                try:
+                    record = self.verify_and_record(run, version)
+                except (AdapterVerificationError, OSError) as exc:
+                    log.warning("skipping unverifiable version",
+                                extra={"run": run, "version": version, "error": str(exc)})
+                    continue
+                if self.adapters.publish(record):
+                    REPUBLISHED.inc()
+                    log.info("re-announced version from /shared",
+                             extra={"run": run, "version": version})
+                LATEST_VERSION.labels(run).set(record.version)
+                break
+
+    def observe_replicas(self) -> None:
+        """Exports which replica serves what, and the publish→all-live latency of each
+        version once every live replica of its run serves it."""
+        live = self.replicas.live()
+        LIVE_REPLICAS.set(len(live))
+        REPLICA_VERSION.clear()
+        for r in live:
+            REPLICA_VERSION.labels(r.replica_id).set(r.adapter_version)
+        for run in {r.run for r in live if r.run}:
+            latest = self.adapters.latest(run)
+            if latest is None or (run, latest.version) in self._measured:
+                continue
+            serving = [r for r in live if r.run == run]
+            if serving and all(r.adapter_version >= latest.version for r in serving):
+                acks = self.adapters.acks(run, latest.version)
+                done = max(acks.values(), default=time.time())
+                PUBLISH_TO_LIVE.labels(run).observe(max(0.0, done - latest.published_at))
+                self._measured.add((run, latest.version))
+
+    def collect_garbage(self, run: str) -> list[int]:
+        """Removes versions that no live replica serves, that are not among the newest
+        `keep_last`, and not newer than the oldest version a replica still serves.
+        (Training checkpoints keep their own copy of the adapter, so they pin nothing.)"""
+        versions = list_versions(self.runs_root, run)
+        if len(versions) <= self.keep_last:
+            return []
+        serving = {r.adapter_version for r in self.replicas.live() if r.run == run}
+        keep = set(versions[-self.keep_last:]) | serving
+        removed = []
+        for version in versions:
+            if version in keep:
+                continue
+            try:
+                remove_version(self.runs_root, run, version, keep=keep)
+            except (VersionProtected, OSError) as exc:
+                log.warning("cannot remove version", extra={"version": version, "error": str(exc)})
+                continue
+            self.adapters.forget(run, version)
+            REMOVED_VERSIONS.inc()
+            removed.append(version)
+        return removed

@@ -1,0 +1,286 @@
+"""Playing a group: G multi-turn episodes against an env service, one trajectory each.
+
+Per turn, every live episode's context goes to the engine in one batch (merged with the
+other groups' by the batcher); the decoded texts go to the env in one Step; each new
+observation is appended as a delta. Finished episodes are scored by the reward service
+and streamed back at once, with everything the learner needs.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import grpc
+from PIL import Image
+
+from rlfleet import limits
+from rlfleet.engines.base import Generation, GenerationRequest, SamplingConfig
+from rlfleet.policy.chat import ChatCodec, Encoded
+from rlfleet.rpc.client import RpcClient
+from rlfleet.rpc.errors import InvalidArgument, NotFound, RpcError, Unavailable
+from rlfleet.v1 import (
+    common_pb2,
+    env_pb2,
+    env_pb2_grpc,
+    reward_pb2,
+    reward_pb2_grpc,
+    rollout_pb2,
+)
+from rlfleet_rollout.adapters import LiveAdapter
+from rlfleet_rollout.batcher import GenerationBatcher
+
+CONTEXTS = ("full", "last_frame")
+
+
+def sampling_config(params: rollout_pb2.SamplingParams) -> SamplingConfig:
+    """Proto sampling params to the engine's, with range checks (INVALID_ARGUMENT)."""
+    if not 0.0 <= params.temperature <= 5.0:
+        raise InvalidArgument(f"temperature must be in 0..5, got {params.temperature}")
+    if not 0.0 <= params.top_p <= 1.0:
+        raise InvalidArgument(f"top_p must be in (0, 1] (0 = 1), got {params.top_p}")
+    if not 0 <= params.top_k <= 100_000:
+        raise InvalidArgument(f"top_k must be in 0..100000, got {params.top_k}")
+    if not 0 <= params.max_new_tokens <= limits.MAX_NEW_TOKENS:
+        raise InvalidArgument(f"max_new_tokens must be in 1..{limits.MAX_NEW_TOKENS}")
+    return SamplingConfig(
+        temperature=params.temperature,
+        top_p=params.top_p or 1.0,
+        top_k=params.top_k,
+        max_new_tokens=params.max_new_tokens or 16,
+        seed=params.seed or None,
+    )
+
+
+def _message(image_png: bytes, text: str) -> dict:
+    url = "data:image/png;base64," + base64.b64encode(image_png).decode("ascii")
+    return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                        {"type": "text", "text": text}]}
+
+
+@dataclass
+class EpisodeBuffer:
+    """One episode's token sequence, in either context mode."""
+
+    codec: ChatCodec
+    context: str
+    instruction: str
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    images: list[Image.Image] = field(default_factory=list)
+    pngs: list[bytes] = field(default_factory=list)
+    segment_starts: list[int] = field(default_factory=list)
+    turns: list[rollout_pb2.TurnSpan] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    _segment_images: int = 0  # images of the current segment (last_frame)
+
+    def _append(self, enc: Encoded, png: bytes) -> None:
+        self.token_ids.extend(enc.token_ids)
+        self.logprobs.extend([0.0] * len(enc.token_ids))
+        self.loss_mask.extend([0] * len(enc.token_ids))
+        self.images.extend(enc.images)
+        self.pngs.append(png)
+
+    def start(self, observation: common_pb2.Observation) -> None:
+        self.segment_starts.append(0)
+        enc = self.codec.encode_prompt([_message(observation.image.png, observation.text)])
+        self._append(enc, observation.image.png)
+        self._segment_images = len(enc.images)
+
+    def request(self) -> GenerationRequest:
+        start = self.segment_starts[-1]
+        images = self.images[len(self.images) - self._segment_images:] \
+            if self.context == "last_frame" else self.images
+        return GenerationRequest(prompt_ids=self.token_ids[start:], images=list(images))
+
+    def add_turn(self, gen: Generation, text: str) -> None:
+        start = len(self.token_ids)
+        self.token_ids.extend(gen.token_ids)
+        self.logprobs.extend(gen.logprobs)
+        self.loss_mask.extend([1] * len(gen.token_ids))
+        self.turns.append(rollout_pb2.TurnSpan(start=start, end=len(self.token_ids), text=text))
+        self.actions.append(text)
+
+    def add_observation(self, observation: common_pb2.Observation) -> None:
+        png = observation.image.png
+        if self.context == "full":
+            last = self.turns[-1]
+            enc = self.codec.encode_observation(
+                _message(png, observation.text), self.token_ids[last.start:last.end])
+            self._append(enc, png)
+            return
+        # last_frame: a fresh sequence holding the instruction and the current frame only
+        self.segment_starts.append(len(self.token_ids))
+        text = f"{self.instruction}\n\n{observation.text}"
+        enc = self.codec.encode_prompt([_message(png, text)])
+        self._append(enc, png)
+        self._segment_images = len(enc.images)
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class Episode:
+    index: int
+    episode_id: str
+    buffer: EpisodeBuffer
+    started: float
+    generate_s: float = 0.0
+    env_s: float = 0.0
+    final_state: common_pb2.EpisodeState | None = None
+
+
+def _env_error(err: grpc.RpcError, address: str) -> RpcError:
+    code, details = err.code(), err.details()
+    if code == grpc.StatusCode.NOT_FOUND:
+        return NotFound(f"env service: {details}")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidArgument(f"env service: {details}")
+    return Unavailable(f"env service at {address} failed: {code.name}: {details}")
+
+
+@dataclass
+class GroupPlayer:
+    batcher: GenerationBatcher
+    codec: ChatCodec
+    env: RpcClient
+    reward: RpcClient
+    replica_id: str
+    cell_px: int = 0
+
+    def play(self, request: rollout_pb2.GroupRequest, adapter: LiveAdapter,
+             is_active: Callable[[], bool], queued_s: float = 0.0
+             ) -> Iterator[rollout_pb2.Trajectory]:
+        params = sampling_config(request.sampling)
+        context = request.context or "full"
+        if context not in CONTEXTS:
+            raise InvalidArgument(f"context must be one of {CONTEXTS}, got {context!r}")
+        spec = common_pb2.TaskSpec()
+        spec.CopyFrom(request.task)
+        if not spec.render.cell_px and self.cell_px:
+            spec.render.cell_px = self.cell_px
+        G = request.group_size
+        start = time.perf_counter()
+        try:
+            opened = self.env.call(env_pb2_grpc.EnvServiceStub, "Open",
+                                   env_pb2.OpenRequest(tasks=[spec] * G, include_image=True))
+        except grpc.RpcError as err:
+            raise _env_error(err, self.env.addresses[0]) from err
+        live: list[Episode] = []
+        for i, e in enumerate(opened.episodes):
+            buf = EpisodeBuffer(self.codec, context, instruction=e.observation.text)
+            buf.start(e.observation)
+            live.append(Episode(i, e.episode_id, buf, start))
+        open_ids = {e.episode_id for e in live}
+        try:
+            turn = 0
+            while live:
+                if not is_active():
+                    return
+                turn_params = params if params.seed is None else SamplingConfig(
+                    **{**params.__dict__, "seed": params.seed + 1_000_003 * turn})
+                t0 = time.perf_counter()
+                gens = self.batcher.generate([ep.buffer.request() for ep in live], turn_params,
+                                             adapter.engine_name)
+                dt_gen = time.perf_counter() - t0
+                actions = []
+                for ep, gen in zip(live, gens, strict=True):
+                    text = self.codec.decode(gen.token_ids)
+                    ep.buffer.add_turn(gen, text)
+                    ep.generate_s += dt_gen
+                    actions.append(env_pb2.Action(episode_id=ep.episode_id,
+                                                  text=text[:limits.MAX_ACTION_TEXT_BYTES // 4]))
+                t0 = time.perf_counter()
+                try:
+                    results = self.env.call(
+                        env_pb2_grpc.EnvServiceStub, "Step",
+                        env_pb2.StepRequest(actions=actions, include_image=True)).results
+                except grpc.RpcError as err:
+                    raise _env_error(err, self.env.addresses[0]) from err
+                dt_env = time.perf_counter() - t0
+                finished, still = [], []
+                for ep, result in zip(live, results, strict=True):
+                    ep.env_s += dt_env
+                    span = ep.buffer.turns[-1]
+                    span.feedback = result.observation.feedback
+                    span.action = result.action
+                    too_long = ep.buffer.length >= limits.MAX_TRAJECTORY_TOKENS - 4096
+                    if result.observation.done or too_long:
+                        ep.final_state = result.state
+                        finished.append(ep)
+                    else:
+                        ep.buffer.add_observation(result.observation)
+                        still.append(ep)
+                live = still
+                turn += 1
+                if finished:
+                    yield from self._finish(request, spec, finished, adapter, context, queued_s)
+                    open_ids -= {ep.episode_id for ep in finished}
+        finally:
+            if open_ids:
+                try:
+                    self.env.call(env_pb2_grpc.EnvServiceStub, "Close",
+                                  env_pb2.CloseRequest(episode_ids=sorted(open_ids)),
+                                  timeout_s=5)
+                except grpc.RpcError:
+                    pass  # the env expires idle episodes by itself
+
+    def _finish(self, request: rollout_pb2.GroupRequest, spec: common_pb2.TaskSpec,
+                episodes: list[Episode], adapter: LiveAdapter, context: str,
+                queued_s: float) -> Iterator[rollout_pb2.Trajectory]:
+        self.env.call(env_pb2_grpc.EnvServiceStub, "Close",
+                      env_pb2.CloseRequest(episode_ids=[e.episode_id for e in episodes]))
+        t0 = time.perf_counter()
+        try:
+            scored = self.reward.call(
+                reward_pb2_grpc.RewardServiceStub, "Score",
+                reward_pb2.ScoreRequest(episodes=[
+                    reward_pb2.EpisodeRecord(task=spec, actions=e.buffer.actions,
+                                             final_state=e.final_state)
+                    for e in episodes]))
+        except grpc.RpcError as err:
+            raise Unavailable(f"reward service failed: {err.code().name}: {err.details()}"
+                              ) from err
+        reward_s = time.perf_counter() - t0
+        vision_start = self.codec.tokenizer.convert_tokens_to_ids("<|vision_start|>")
+        for ep, score in zip(episodes, scored.scores, strict=True):
+            buf = ep.buffer
+            yield rollout_pb2.Trajectory(
+                idempotency_key=request.idempotency_key,
+                index=ep.index,
+                token_ids=buf.token_ids,
+                logprobs=buf.logprobs,
+                loss_mask=buf.loss_mask,
+                turns=buf.turns,
+                images=[_image(png, request.include_images) for png in buf.pngs],
+                reward=score.reward,
+                reward_components=dict(score.components),
+                solved=score.solved,
+                adapter=common_pb2.AdapterRef(run=adapter.run, version=adapter.version,
+                                              path=adapter.path, sha256=adapter.sha256),
+                timings=rollout_pb2.Timings(
+                    queue_s=queued_s, generate_s=ep.generate_s, env_s=ep.env_s,
+                    reward_s=reward_s, total_s=time.perf_counter() - ep.started),
+                final_state=ep.final_state,
+                replica_id=self.replica_id,
+                reward_name=scored.info.name,
+                prompt_tokens=buf.turns[0].start if buf.turns else buf.length,
+                image_token_offsets=[i for i, t in enumerate(buf.token_ids)
+                                     if t == vision_start],
+                segment_starts=buf.segment_starts,
+                context=context,
+            )
+
+
+def _image(png: bytes, inline: bool) -> common_pb2.Image:
+    with Image.open(io.BytesIO(png)) as img:
+        width, height = img.size
+    return common_pb2.Image(png=png if inline else b"", width=width, height=height,
+                            sha256=hashlib.sha256(png).hexdigest())

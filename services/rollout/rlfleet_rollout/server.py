@@ -1,0 +1,127 @@
+"""A rollout replica: the policy engine, the adapter manager, the group player, and its
+place in the fleet (heartbeats, adapter events, acknowledgements)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import grpc
+
+from rlfleet.engines.base import Engine
+from rlfleet.policy.chat import ChatCodec
+from rlfleet.policy.loading import load_processor
+from rlfleet.policy.profiles import resolve_model_dir
+from rlfleet.registry import AdapterRegistry, ReplicaInfo, ReplicaRegistry, connect
+from rlfleet.rpc.client import RpcClient
+from rlfleet.rpc.server import GrpcServer
+from rlfleet.storage import RunsRoot
+from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc, sync_pb2, sync_pb2_grpc
+from rlfleet_rollout.adapters import AdapterManager, LiveAdapter
+from rlfleet_rollout.batcher import GenerationBatcher
+from rlfleet_rollout.episodes import GroupPlayer
+from rlfleet_rollout.idempotency import GroupCache
+from rlfleet_rollout.registration import AdapterWatcher, Heartbeat
+from rlfleet_rollout.servicer import RolloutServicer
+from rlfleet_rollout.settings import RolloutSettings
+
+ROLLOUT_SERVICE = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
+log = logging.getLogger(__name__)
+
+
+def make_engine(settings: RolloutSettings, model_dir: str) -> Engine:
+    if settings.engine == "vllm":
+        from rlfleet.engines.vllm import VLLMEngine  # only inside the vLLM environment
+
+        return VLLMEngine(model_dir)
+    from rlfleet.engines.hf import HFEngine
+
+    return HFEngine(model_dir, device=settings.device, num_threads=settings.torch_threads)
+
+
+@dataclass
+class Replica:
+    settings: RolloutSettings
+    server: GrpcServer
+    batcher: GenerationBatcher
+    adapters: AdapterManager
+    heartbeat: Heartbeat | None
+    watcher: AdapterWatcher | None
+
+    def until_ready(self) -> None:
+        """Loads the run's latest adapter (if any) before reporting SERVING."""
+        if self.heartbeat is not None:
+            self.heartbeat.beat()
+            self.heartbeat.start()
+        if self.watcher is not None:
+            self.watcher.catch_up()
+            self.watcher.start()
+
+    def stop(self) -> None:
+        for part in (self.watcher, self.heartbeat):
+            if part is not None:
+                part.stop()
+
+    def close(self) -> None:
+        self.stop()
+        self.batcher.close()
+        self.adapters.close()
+
+
+def build_replica(settings: RolloutSettings) -> Replica:
+    model_dir = str(resolve_model_dir(settings.profile, settings.model, settings.model_cache))
+    engine = make_engine(settings, model_dir)
+    codec = ChatCodec(load_processor(model_dir))
+    batcher = GenerationBatcher(engine, max_batch=settings.max_batch)
+    config = settings.server_config()
+    sync = RpcClient(settings.sync_address, timeout_s=10) if settings.sync_address else None
+    redis = connect(settings.redis_url) if settings.redis_url else None
+    replica_registry = ReplicaRegistry(redis) if redis is not None else None
+    holder: dict[str, Heartbeat] = {}
+
+    def on_live(adapter: LiveAdapter) -> None:
+        if "hb" in holder:
+            holder["hb"].beat()
+        if sync is not None:
+            try:
+                sync.call(sync_pb2_grpc.SyncServiceStub, "Acknowledge", sync_pb2.AcknowledgeRequest(
+                    replica_id=settings.replica_id,
+                    adapter=common_pb2.AdapterRef(run=adapter.run, version=adapter.version,
+                                                  sha256=adapter.sha256)))
+            except grpc.RpcError as err:  # the heartbeat still tells the truth
+                log.warning("acknowledge failed", extra={"code": err.code().name})
+
+    adapters = AdapterManager(batcher, RunsRoot(settings.runs_root), settings.run,
+                              settings.replica_id, on_live=on_live)
+    reward_address = settings.reward_address or settings.env_address
+    player = GroupPlayer(
+        batcher, codec,
+        env=RpcClient(settings.env_address, timeout_s=settings.env_timeout_s),
+        reward=RpcClient(reward_address, timeout_s=settings.env_timeout_s),
+        replica_id=settings.replica_id, cell_px=settings.render_cell_px())
+    servicer = RolloutServicer(
+        player, adapters, max_groups=settings.max_groups,
+        adapter_wait_s=settings.adapter_wait_s, cache=GroupCache(settings.idempotency_cache),
+        address="", engine=settings.engine, model=model_dir)
+    server = GrpcServer("rollout", config, [
+        lambda s: rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, s)
+        or ROLLOUT_SERVICE])
+    # The bound port is known only now (port 0 picks one).
+    address = settings.advertise_address or f"{settings.host}:{server.port}"
+    servicer.address = address
+
+    heartbeat = watcher = None
+    if replica_registry is not None:
+        def info() -> ReplicaInfo:
+            a = adapters.current
+            return ReplicaInfo(
+                replica_id=settings.replica_id, address=address, run=settings.run,
+                adapter_version=a.version, adapter_sha256=a.sha256,
+                active_groups=servicer.active_groups,
+                active_episodes=servicer.active_episodes, engine=settings.engine)
+
+        heartbeat = Heartbeat(replica_registry, info, settings.heartbeat_s,
+                              settings.heartbeat_ttl_s)
+        holder["hb"] = heartbeat
+        watcher = AdapterWatcher(AdapterRegistry(redis), adapters)
+    return Replica(settings, server, batcher, adapters, heartbeat, watcher)

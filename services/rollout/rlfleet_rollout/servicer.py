@@ -1,0 +1,99 @@
+"""The rollout contract."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+from prometheus_client import Counter, Gauge
+
+from rlfleet import limits
+from rlfleet.rpc.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from rlfleet_rollout.adapters import AdapterManager
+from rlfleet_rollout.episodes import GroupPlayer
+from rlfleet_rollout.idempotency import GroupCache
+
+ACTIVE_GROUPS = Gauge("rlfleet_rollout_active_groups", "groups being played")
+ACTIVE_EPISODES = Gauge("rlfleet_rollout_active_episodes",
+                        "episodes being played (the load the autoscaler follows)")
+TRAJECTORIES = Counter("rlfleet_rollout_trajectories_total", "trajectories streamed",
+                       ["reward_name"])
+
+
+def validate(request: rollout_pb2.GroupRequest) -> None:
+    if not 1 <= request.group_size <= limits.MAX_GROUP_SIZE:
+        raise InvalidArgument(
+            f"group_size must be in 1..{limits.MAX_GROUP_SIZE}, got {request.group_size}")
+    key = request.idempotency_key
+    if not key or len(key.encode()) > limits.MAX_IDEMPOTENCY_KEY_BYTES:
+        raise InvalidArgument(
+            f"idempotency_key must be 1..{limits.MAX_IDEMPOTENCY_KEY_BYTES} bytes")
+    if request.min_adapter_version < 0:
+        raise InvalidArgument("min_adapter_version must be >= 0")
+
+
+class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
+    def __init__(self, player: GroupPlayer, adapters: AdapterManager, *, max_groups: int,
+                 adapter_wait_s: float, cache: GroupCache, address: str, engine: str,
+                 model: str) -> None:
+        self.player = player
+        self.adapters = adapters
+        self.max_groups = max_groups
+        self.adapter_wait_s = adapter_wait_s
+        self.cache = cache
+        self.address = address
+        self.engine = engine
+        self.model = model
+        self.active_groups = 0
+        self.active_episodes = 0
+        self._lock = threading.Lock()
+
+    def RolloutGroup(self, request: rollout_pb2.GroupRequest, context: grpc.ServicerContext):  # noqa: N802
+        validate(request)
+        yield from self.cache.stream(request, lambda: self._play(request, context))
+
+    def _play(self, request: rollout_pb2.GroupRequest, context: grpc.ServicerContext):  # noqa: ANN202
+        queued = time.perf_counter()
+        with self._lock:
+            if self.active_groups >= self.max_groups:
+                raise ResourceExhausted(
+                    f"replica is playing {self.active_groups} groups (limit {self.max_groups});"
+                    " retry on another replica")
+            self.active_groups += 1
+            self.active_episodes += request.group_size
+            ACTIVE_GROUPS.set(self.active_groups)
+            ACTIVE_EPISODES.set(self.active_episodes)
+        try:
+            if self.adapters.wait_for(request.min_adapter_version, self.adapter_wait_s) is None:
+                raise FailedPrecondition(
+                    f"live adapter version {self.adapters.current.version} is older than "
+                    f"min_adapter_version {request.min_adapter_version}")
+            adapter = self.adapters.acquire()
+            try:
+                for trajectory in self.player.play(request, adapter, context.is_active,
+                                                   queued_s=time.perf_counter() - queued):
+                    TRAJECTORIES.labels(trajectory.reward_name).inc()
+                    yield trajectory
+            finally:
+                self.adapters.release(adapter)
+        finally:
+            with self._lock:
+                self.active_groups -= 1
+                self.active_episodes -= request.group_size
+                ACTIVE_GROUPS.set(self.active_groups)
+                ACTIVE_EPISODES.set(self.active_episodes)
+
+    def GetStatus(self, request, context):  # noqa: N802, ANN001, ANN201
+        a = self.adapters.current
+        return rollout_pb2.ReplicaStatus(
+            replica_id=self.player.replica_id,
+            address=self.address,
+            adapter=common_pb2.AdapterRef(run=a.run, version=a.version, path=a.path,
+                                          sha256=a.sha256),
+            active_groups=self.active_groups,
+            active_episodes=self.active_episodes,
+            engine=self.engine,
+            model=self.model,
+        )

@@ -1,0 +1,46 @@
+"""Settings of a rollout replica."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from rlfleet.service import ServiceSettings
+
+
+class RolloutSettings(ServiceSettings):
+    port: int = Field(50052, ge=0, le=65535)
+    metrics_port: int | None = Field(9102, ge=0, le=65535)
+    engine: Literal["hf", "vllm"] = "hf"
+    profile: Literal["tiny", "qwen3-vl-8b"] = "tiny"
+    model: Path | None = None  # model directory; tiny: built into model_cache if unset
+    model_cache: Path = Path(os.environ.get("RLFLEET_CACHE", "~/.cache/rlfleet")).expanduser()
+    device: str = "cpu"
+    torch_threads: int | None = Field(None, ge=1)
+    env_address: str = "127.0.0.1:50051"
+    reward_address: str = ""  # "" = the env address (one env/reward process)
+    redis_url: str = ""  # "" = no registry: no heartbeats, no hot-load events
+    sync_address: str = ""  # ckpt-sync, for acknowledgements; "" = none
+    runs_root: Path = Path("/shared/runs")
+    run: str = "default"
+    replica_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    advertise_address: str = ""  # how the learner reaches us; "" = host:port
+    heartbeat_s: float = Field(2.0, gt=0)
+    heartbeat_ttl_s: float = Field(10.0, gt=0)
+    max_batch: int = Field(64, ge=1, le=1024)
+    max_groups: int = Field(16, ge=1)  # concurrent groups; more answer RESOURCE_EXHAUSTED
+    adapter_wait_s: float = Field(30.0, ge=0)  # how long a group waits for min_adapter_version
+    cell_px: int = Field(0, ge=0, le=64)  # render size asked of the env; 0 = per profile
+    idempotency_cache: int = Field(256, ge=1)
+    env_timeout_s: float = Field(30.0, gt=0)
+
+    def render_cell_px(self) -> int:
+        """The tiny policy sees one image token per maze cell at 16 px; the 8B the env's
+        default (VisGym's 25 px)."""
+        if self.cell_px:
+            return self.cell_px
+        return 16 if self.profile == "tiny" else 0

@@ -1,0 +1,32 @@
+"""Small real artefacts for tests: LoRA adapter directories published under a runs root."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from safetensors.torch import save
+
+from rlfleet.storage import AdapterManifest, RunsRoot, publish_adapter_dir
+
+
+def adapter_files(seed: int = 0, rank: int = 4, hidden: int = 16) -> dict[str, bytes]:
+    """A PEFT-shaped LoRA adapter (one q_proj pair) as the two files peft writes."""
+    g = torch.Generator().manual_seed(seed)
+    tensors = {
+        "base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight":
+            torch.randn(rank, hidden, generator=g),
+        "base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_B.weight":
+            torch.randn(hidden, rank, generator=g),
+    }
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank,
+              "target_modules": ["q_proj"], "base_model_name_or_path": "tiny"}
+    return {"adapter_model.safetensors": save(tensors),
+            "adapter_config.json": json.dumps(config).encode()}
+
+
+def publish_version(root: RunsRoot, run: str, version: int, seed: int | None = None
+                    ) -> AdapterManifest:
+    return publish_adapter_dir(root, run, version, adapter_files(seed if seed is not None
+                                                                 else version),
+                               base_model="tiny", step=version)

@@ -1,0 +1,267 @@
+"""The transformers engine on the tiny policy: sampling, logprobs, stopping, LoRA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from PIL import Image
+
+from rlfleet.engines import EngineError, GenerationRequest, SamplingConfig
+from rlfleet.engines.hf import HFEngine, filter_logits
+from rlfleet.policy import (
+    ChatCodec,
+    collate,
+    ensure_tiny_model,
+    forward_logits,
+    image_to_data_url,
+    load_policy,
+    sequence_logprobs,
+)
+
+LORA_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj)"
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    return ensure_tiny_model(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir):
+    eng = HFEngine(tiny_dir)
+    yield eng
+    eng.close()
+
+
+def noise_image(size: int, seed: int) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
+
+
+def request(codec: ChatCodec, size: int, text: str, seed: int = 0) -> GenerationRequest:
+    msg = {
+        "role": "user",
+        "content": [
+            {"type": "image_url", "image_url": {"url": image_to_data_url(noise_image(size, seed))}},
+            {"type": "text", "text": text},
+        ],
+    }
+    enc = codec.encode_prompt([msg])
+    return GenerationRequest(enc.token_ids, enc.images)
+
+
+@pytest.fixture(scope="module")
+def requests_(engine) -> list[GenerationRequest]:
+    c = engine.codec
+    return [
+        request(c, 112, "Move.", 0),
+        request(c, 144, "You are navigating a 9x9 maze. Feedback: Moved up.", 1),
+        request(c, 176, "x", 2),
+    ]
+
+
+def assert_logprobs_match(model, processor, reqs, gens, temperature):
+    for r, g in zip(reqs, gens, strict=True):
+        with torch.no_grad():
+            full = sequence_logprobs(
+                model, processor, r.prompt_ids + g.token_ids, r.images, temperature=temperature
+            )
+        torch.testing.assert_close(
+            torch.tensor(g.logprobs), full[len(r.prompt_ids) :], atol=1e-4, rtol=1e-4
+        )
+
+
+# -- sampling ----------------------------------------------------------------------------
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(engine, requests_):
+    params = SamplingConfig(temperature=1.0, max_new_tokens=10, seed=7)
+    a = engine.generate(requests_, params)
+    b = engine.generate(requests_, params)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert [g.logprobs for g in a] == [g.logprobs for g in b]
+    # request i is sampled with seed + i, whatever batch it rides in
+    alone = engine.generate(
+        [requests_[1]], SamplingConfig(temperature=1.0, max_new_tokens=10, seed=8)
+    )
+    assert alone[0].token_ids == a[1].token_ids
+    other = engine.generate(requests_, SamplingConfig(temperature=1.0, max_new_tokens=10, seed=99))
+    assert [g.token_ids for g in other] != [g.token_ids for g in a]
+    for g in a:
+        assert len(g.token_ids) == len(g.logprobs) <= 10
+        assert g.finish_reason in ("stop", "length")
+        assert g.text == engine.codec.decode(g.token_ids)
+
+
+def test_greedy_is_deterministic_and_takes_the_argmax(engine, requests_):
+    params = SamplingConfig(temperature=0.0, max_new_tokens=6)
+    a = engine.generate(requests_, params)
+    b = engine.generate(list(reversed(requests_)), params)
+    assert [g.token_ids for g in a] == [g.token_ids for g in reversed(b)]
+    processor = engine.processor
+    for r, g in zip(requests_, a, strict=True):
+        with torch.no_grad(), engine.using(None) as model:
+            logits = forward_logits(
+                model, collate(processor, [r.prompt_ids + g.token_ids], [r.images])
+            )
+        start = len(r.prompt_ids) - 1
+        rows = logits[0, start : start + len(g.token_ids)].float()
+        assert rows.argmax(-1).tolist() == g.token_ids
+        picked = torch.log_softmax(rows, -1).max(-1).values
+        torch.testing.assert_close(torch.tensor(g.logprobs), picked, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingConfig(temperature=1.0, max_new_tokens=8, seed=1),
+        SamplingConfig(temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=8, seed=2),
+        SamplingConfig(temperature=0.0, max_new_tokens=8),
+    ],
+    ids=["t1", "t0.7-topk-topp", "greedy"],
+)
+def test_recorded_logprobs_equal_a_fresh_forward_pass(engine, requests_, params):
+    gens = engine.generate(requests_, params)
+    with engine.using(None) as model:
+        assert_logprobs_match(model, engine.processor, requests_, gens, params.temperature)
+
+
+def test_top_k_and_top_p_restrict_the_support():
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
+    assert torch.isfinite(filter_logits(logits, 2, 1.0)).sum() == 2
+    probs = torch.softmax(logits, -1)[0]
+    kept = torch.isfinite(filter_logits(logits, 0, float(probs[0]) + 1e-3))
+    assert kept.tolist() == [[True, True, False, False, False]]
+    assert torch.isfinite(filter_logits(logits, 0, 0.01)).sum() == 1
+
+
+def test_generation_stops_at_im_end(tiny_dir):
+    """Teach the policy one reply, then check the engine stops after <|im_end|>."""
+    torch.manual_seed(0)
+    model, processor = load_policy(tiny_dir)
+    codec = ChatCodec(processor)
+    req = request(codec, 112, "Move.", 3)
+    turn = processor.tokenizer.encode("('move', 0)", add_special_tokens=False) + [codec.im_end_id]
+    ids = req.prompt_ids + turn
+    mask = torch.zeros(len(ids))
+    mask[len(req.prompt_ids) :] = 1
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(25):
+        loss = -(sequence_logprobs(model, processor, ids, req.images) * mask).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    eng = HFEngine(model=model, processor=processor)
+    g = eng.generate([req], SamplingConfig(temperature=0.0, max_new_tokens=8))[0]
+    assert g.token_ids == turn
+    assert g.finish_reason == "stop"
+    assert g.text == "('move', 0)"
+    assert len(g.logprobs) == 2
+    # a limit of one token cuts the turn before <|im_end|>
+    cut = eng.generate([req], SamplingConfig(temperature=0.0, max_new_tokens=1))[0]
+    assert cut.token_ids == turn[:1] and cut.finish_reason == "length"
+
+
+def test_bad_requests_are_refused(engine, requests_):
+    with pytest.raises(EngineError):
+        engine.generate([GenerationRequest([], [])], SamplingConfig())
+    r = requests_[0]
+    with pytest.raises(EngineError):  # placeholders without their image
+        engine.generate([GenerationRequest(r.prompt_ids, [])], SamplingConfig())
+    with pytest.raises(EngineError):
+        engine.generate(requests_, SamplingConfig(), adapter="nope")
+    with pytest.raises(ValueError):
+        SamplingConfig(temperature=-1)
+    assert engine.generate([], SamplingConfig()) == []
+
+
+# -- LoRA --------------------------------------------------------------------------------
+
+
+def make_adapter(tiny_dir: Path, out: Path, seed: int):
+    """A PEFT LoRA (r=8 on q/k/v/o of the language model) with non-zero B, saved."""
+    model, _ = load_policy(tiny_dir)
+    peft_model = get_peft_model(
+        model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=LORA_TARGETS)
+    )
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    assert not any("visual" in n for n, _ in peft_model.named_parameters() if "lora_" in n)
+    peft_model.save_pretrained(out)
+    assert (out / "adapter_config.json").is_file()
+    assert (out / "adapter_model.safetensors").is_file()
+    return peft_model.eval()
+
+
+def test_lora_adapters_load_switch_and_unload(tiny_dir, requests_, tmp_path):
+    eng = HFEngine(tiny_dir)
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=8)
+    sampled = SamplingConfig(temperature=1.0, max_new_tokens=8, seed=5)
+    base = eng.generate(requests_, greedy)
+
+    peft_a = make_adapter(tiny_dir, tmp_path / "a", seed=1)
+    make_adapter(tiny_dir, tmp_path / "b", seed=2)
+    eng.load_adapter("a", str(tmp_path / "a"))
+    eng.load_adapter("b", str(tmp_path / "b"))
+    assert eng.adapters == ["a", "b"]
+
+    with_a = eng.generate(requests_, greedy, adapter="a")
+    with_b = eng.generate(requests_, greedy, adapter="b")
+    assert [g.token_ids for g in with_a] != [g.token_ids for g in base]
+    assert [g.token_ids for g in with_a] != [g.token_ids for g in with_b]
+    # the engine's adapter "a" is the PEFT model that saved it
+    for params in (greedy, sampled):
+        gens = eng.generate(requests_, params, adapter="a")
+        assert_logprobs_match(peft_a, eng.processor, requests_, gens, params.temperature)
+    r = requests_[0]
+    with torch.no_grad(), eng.using("a") as model:
+        ref = sequence_logprobs(peft_a, eng.processor, r.prompt_ids, r.images)
+        ours = sequence_logprobs(model, eng.processor, r.prompt_ids, r.images)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+
+    # adapter=None is the base model, adapters disabled
+    assert [g.token_ids for g in eng.generate(requests_, greedy)] == [g.token_ids for g in base]
+
+    # reloading a name replaces it; unloading one leaves the other
+    eng.load_adapter("a", str(tmp_path / "b"))
+    assert [g.token_ids for g in eng.generate(requests_, greedy, adapter="a")] == [
+        g.token_ids for g in with_b
+    ]
+    eng.unload_adapter("a")
+    with pytest.raises(EngineError):
+        eng.generate(requests_, greedy, adapter="a")
+    assert [g.token_ids for g in eng.generate(requests_, greedy, adapter="b")] == [
+        g.token_ids for g in with_b
+    ]
+    eng.unload_adapter("b")
+    assert eng.adapters == []
+    assert [g.token_ids for g in eng.generate(requests_, greedy)] == [g.token_ids for g in base]
+    with pytest.raises(EngineError):
+        eng.unload_adapter("b")
+    with pytest.raises(EngineError):
+        eng.load_adapter("c", str(tmp_path / "missing"))
+    # a broken reload keeps the version that was serving
+    eng.load_adapter("b", str(tmp_path / "b"))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_text(
+        (tmp_path / "a" / "adapter_config.json").read_text()
+    )
+    (broken / "adapter_model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(EngineError):
+        eng.load_adapter("b", str(broken))
+    assert eng.adapters == ["b"]
+    assert [g.token_ids for g in eng.generate(requests_, greedy, adapter="b")] == [
+        g.token_ids for g in with_b
+    ]
+    eng.close()
+    with pytest.raises(EngineError):
+        eng.generate(requests_, greedy)
