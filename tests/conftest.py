@@ -57,3 +57,35 @@ def start_ckptsync(procs: ProcessGroup, tmp_path: Path) -> Callable[..., Proc]:
         return procs.start_service(name, argv, f"127.0.0.1:{port}")
 
     return start
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The tiny Qwen3-VL base, built once per machine into the cache."""
+    from rlfleet.policy import ensure_tiny_model
+
+    cache = Path(os.environ.get("RLFLEET_CACHE", Path.home() / ".cache" / "rlfleet"))
+    return ensure_tiny_model(cache)
+
+
+@pytest.fixture
+def start_rollout(procs: ProcessGroup, tiny_model_dir: Path) -> Callable[..., Proc]:
+    """Starts `rlfleet rollout serve` (hf engine, tiny model) as a real process."""
+
+    def start(env_address: str, *extra: str, name: str = "rollout",
+              redis_url: str = "", runs_root: Path | None = None, run: str = "test",
+              replica_id: str | None = None, wait: bool = True) -> Proc:
+        port = free_port()
+        argv = rlfleet_argv(
+            "rollout", "serve", "--port", str(port), "--metrics-port", str(free_port()),
+            "--model", str(tiny_model_dir), "--env-address", env_address,
+            "--run", run, "--replica-id", replica_id or name, "--heartbeat-s", "0.5",
+            "--heartbeat-ttl-s", "3",
+            *(["--redis-url", redis_url] if redis_url else []),
+            *(["--runs-root", str(runs_root)] if runs_root else []), *extra)
+        address = f"127.0.0.1:{port}"
+        if not wait:
+            return procs.start(name, argv, address=address)
+        return procs.start_service(name, argv, address, timeout_s=180)
+
+    return start

@@ -45,4 +45,5 @@ def observation_proto(
         done=episode.done,
         turn=obs.turn,
         truncated=episode.stats.truncated,
+        instruction=obs.instruction if first else "",
     )

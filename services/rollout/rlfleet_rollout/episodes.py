@@ -114,7 +114,8 @@ class EpisodeBuffer:
                 _message(png, observation.text), self.token_ids[last.start:last.end])
             self._append(enc, png)
             return
-        # last_frame: a fresh sequence holding the instruction and the current frame only
+        # last_frame: a fresh sequence holding the instruction and the current frame only,
+        # worded as the first observation is (instruction, blank line, status)
         self.segment_starts.append(len(self.token_ids))
         text = f"{self.instruction}\n\n{observation.text}"
         enc = self.codec.encode_prompt([_message(png, text)])
@@ -175,7 +176,7 @@ class GroupPlayer:
             raise _env_error(err, self.env.addresses[0]) from err
         live: list[Episode] = []
         for i, e in enumerate(opened.episodes):
-            buf = EpisodeBuffer(self.codec, context, instruction=e.observation.text)
+            buf = EpisodeBuffer(self.codec, context, instruction=e.observation.instruction)
             buf.start(e.observation)
             live.append(Episode(i, e.episode_id, buf, start))
         open_ids = {e.episode_id for e in live}

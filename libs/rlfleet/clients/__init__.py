@@ -1,0 +1,1 @@
+"""Clients the learner uses to drive the fleet."""
