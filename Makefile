@@ -33,7 +33,7 @@ $(STUBS) &: $(PROTOS) .venv/.rlfleet-stamp
 setup: venv system proto
 
 run: setup
-	$(PYTHON) -m rlfleet.local.baseline
+	$(PYTHON) -m rlfleet.local.run
 
 test: setup
 	$(PYTHON) -m pytest -q

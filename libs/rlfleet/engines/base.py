@@ -20,6 +20,10 @@ same way:
       may be sampled but are NOT applied to the recorded value (the learner recomputes
       exactly this quantity with ``rlfleet.policy.sequence_logprobs``);
     - greedy (T == 0): ``log_softmax(logits)[token]`` (i.e. T = 1 scoring of the argmax).
+* Vision placeholders are never sampled: ``<|vision_start|>``, ``<|vision_end|>``,
+  ``<|image_pad|>`` and ``<|video_pad|>`` (see ``vision_token_ids``) are removed from what
+  may be sampled, like top-k, and likewise not from the recorded logprob. A generated
+  placeholder would break the image positions of every later turn.
 * Reproducibility: with ``SamplingConfig.seed`` set, the same engine, requests, params
   and adapter give the same tokens. Request i of a batch is sampled as if seeded with
   ``seed + i``, so the result of one request does not depend on the batch it rides in
@@ -81,6 +85,17 @@ class Generation:
     logprobs: list[float]
     text: str
     finish_reason: FinishReason
+
+
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+
+def vision_token_ids(processor: object) -> list[int]:
+    """Ids of the vision placeholder tokens that no engine may sample."""
+    tokenizer = getattr(processor, "tokenizer", processor)
+    ids = tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))
+    unk = getattr(tokenizer, "unk_token_id", None)
+    return sorted({int(i) for i in ids if i is not None and i != unk})
 
 
 class EngineError(RuntimeError):

@@ -23,6 +23,7 @@ from rlfleet.engines.base import (
     Generation,
     GenerationRequest,
     SamplingConfig,
+    vision_token_ids,
 )
 from rlfleet.policy.chat import ChatCodec
 from rlfleet.policy.loading import PolicyProcessor, load_policy
@@ -72,6 +73,7 @@ class HFEngine(Engine):
         self._peft: PeftModel | None = None
         self.processor = processor
         self.codec = ChatCodec(processor)
+        self.banned_token_ids = vision_token_ids(processor)
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
         # public name -> (PEFT-internal name, path). PEFT adapter names must be valid
@@ -230,12 +232,14 @@ class HFEngine(Engine):
         tokens: list[list[int]] = [[] for _ in range(B)]
         logprobs: list[list[float]] = [[] for _ in range(B)]
         done = torch.zeros(B, dtype=torch.bool, device=self.device)
+        banned = torch.tensor(self.banned_token_ids, device=self.device)
         for step in range(params.max_new_tokens):
+            allowed = logits.index_fill(-1, banned, float("-inf"))
             if params.greedy:
-                nxt = logits.argmax(-1)
+                nxt = allowed.argmax(-1)
             else:
                 probs = torch.softmax(
-                    filter_logits(logits / params.temperature, params.top_k, params.top_p), -1
+                    filter_logits(allowed / params.temperature, params.top_k, params.top_p), -1
                 )
                 nxt = torch.stack(
                     [torch.multinomial(probs[i], 1, generator=gens[i])[0] for i in range(B)]

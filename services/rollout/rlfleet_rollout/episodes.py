@@ -274,7 +274,7 @@ class GroupPlayer:
                 reward_name=scored.info.name,
                 prompt_tokens=buf.turns[0].start if buf.turns else buf.length,
                 image_token_offsets=[i for i, t in enumerate(buf.token_ids)
-                                     if t == vision_start],
+                                     if t == vision_start and not buf.loss_mask[i]],
                 segment_starts=buf.segment_starts,
                 context=context,
             )

@@ -1,0 +1,157 @@
+"""`make run`: the whole fleet on this machine, end to end.
+
+Starts a real Redis, the env/reward service, ckpt-sync and N rollout replicas (hf engine,
+CPU), then the learner as a local Ray job starting from the shipped SFT checkpoint; runs
+GRPO for the configured steps with a line per step; evaluates before and after; writes
+runs/<id>/metrics.jsonl, learning_curve.png and summary.json; prints a before/after
+table; and stops everything it started, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from rlfleet.local.plots import learning_curve
+from rlfleet.local.stack import start_stack
+from rlfleet.policy.profiles import resolve_model_dir
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _table(first: dict, last: dict) -> str:
+    lines = [f"{'':<28}{'before (SFT)':>16}{'after GRPO':>16}{'change':>10}"]
+    for name in ("eval", "heldout"):
+        if name not in first or name not in last:
+            continue
+        a, b = first[name], last[name]
+        label = "64 eval mazes" if name == "eval" else f"{a['episodes']} held-out mazes"
+        rows = [
+            (f"{label}: true solve", a["solve_rate"], b["solve_rate"], True),
+            ("  ± standard error", a["solve_rate_se"], b["solve_rate_se"], None),
+            ("  pass@1 (reward > 0)", a["pass_at_1"], b["pass_at_1"], True),
+            ("  mean turns", a["mean_turns"], b["mean_turns"], False),
+        ]
+        for label_, x, y, pct in rows:
+            if pct is None:
+                lines.append(f"{label_:<28}{100 * x:>15.1f}%{100 * y:>15.1f}%")
+            elif pct:
+                lines.append(f"{label_:<28}{100 * x:>15.1f}%{100 * y:>15.1f}%"
+                             f"{100 * (y - x):>+9.1f}pt")
+            else:
+                lines.append(f"{label_:<28}{x:>16.2f}{y:>16.2f}{y - x:>+10.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=REPO / "configs" / "local-tiny.yaml")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--run", default=None, help="run id (default: local-<time>)")
+    parser.add_argument("--runs-root", type=Path, default=REPO / "runs")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    started = time.perf_counter()
+    run = args.run or time.strftime("local-%Y%m%d-%H%M%S")
+    cfg = yaml.safe_load(args.config.read_text())
+    if args.steps is not None:
+        cfg["steps"] = args.steps
+    cfg["run"] = run
+    model_cfg = cfg.setdefault("model", {})
+    path = model_cfg.get("path")
+    if path and not Path(path).is_absolute():
+        model_cfg["path"] = str((REPO / path).resolve())
+    model_dir = resolve_model_dir(model_cfg.get("profile", "tiny"), model_cfg.get("path"),
+                                  os.environ.get("RLFLEET_CACHE",
+                                                 Path.home() / ".cache" / "rlfleet"))
+    model_cfg["path"] = str(model_dir)
+    runs_root = args.runs_root.resolve()
+    run_dir = runs_root / run
+    run_dir.mkdir(parents=True, exist_ok=True)
+    print(f"rlfleet local run {run}: model {model_dir}, {args.replicas} rollout replicas, "
+          f"{cfg['steps']} GRPO steps; output in {run_dir}", flush=True)
+
+    interrupted = False
+
+    def on_sigint(signum: int, _frame: object) -> None:
+        nonlocal interrupted
+        interrupted = True
+        print("\ninterrupted: stopping the learner and every service", flush=True)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    signal.signal(signal.SIGTERM, on_sigint)
+    stack = start_stack(run_dir, runs_root=runs_root, run=run, model_dir=model_dir,
+                        replicas=args.replicas, log=lambda m: print(f"  {m}", flush=True))
+    learner_rc = 1
+    try:
+        cfg.setdefault("fleet", {}).update(
+            redis_url=stack.redis_url, sync_address=stack.sync_address,
+            runs_root=str(runs_root), min_replicas=args.replicas)
+        config_path = run_dir / "learner.yaml"
+        config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        learner = subprocess.Popen(
+            [sys.executable, "-m", "rlfleet.cli", "learner", "run", "--config",
+             str(config_path), "--summary", str(run_dir / "learner_summary.json")],
+            start_new_session=True)
+        while learner.poll() is None:
+            if interrupted:
+                learner.send_signal(signal.SIGTERM)
+                try:
+                    learner.wait(120)
+                except subprocess.TimeoutExpired:
+                    learner.kill()
+                break
+            time.sleep(0.5)
+        learner_rc = learner.wait()
+    finally:
+        print("stopping services", flush=True)
+        stack.close()
+    if interrupted:
+        return 130
+    if learner_rc != 0:
+        print(f"learner failed (exit {learner_rc}); service logs in {run_dir / 'logs'}")
+        return learner_rc
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [e for e in events if e["event"] == "eval"]
+    steps = [e for e in events if e["event"] == "step"]
+    learning_curve(steps, evals, run_dir / "learning_curve.png", title=f"rlfleet {run}")
+    wall = time.perf_counter() - started
+    before, after = evals[0], evals[-1]
+    summary = {
+        "run": run,
+        "steps": steps[-1]["step"] if steps else 0,
+        "wall_clock_s": round(wall, 1),
+        "replicas": args.replicas,
+        "config": cfg,
+        "before": {k: before[k] for k in ("eval", "heldout") if k in before},
+        "after": {k: after[k] for k in ("eval", "heldout") if k in after},
+        "eval_64": {
+            "true_solve_rate_before": before["eval"]["solve_rate"],
+            "true_solve_rate_after": after["eval"]["solve_rate"],
+            "pass_at_1_before": before["eval"]["pass_at_1"],
+            "pass_at_1_after": after["eval"]["pass_at_1"],
+            "mean_turns_before": before["eval"]["mean_turns"],
+            "mean_turns_after": after["eval"]["mean_turns"],
+        },
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print()
+    print(_table(before, after))
+    print(f"\n{summary['steps']} GRPO steps in {wall / 60:.1f} min wall clock (whole run). "
+          f"Wrote {run_dir / 'summary.json'}, {run_dir / 'metrics.jsonl'} and "
+          f"{run_dir / 'learning_curve.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

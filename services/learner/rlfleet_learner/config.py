@@ -1,0 +1,100 @@
+"""The learner's typed configuration (one YAML file; see configs/)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rlfleet.grpo import GRPOConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(_Strict):
+    profile: Literal["tiny", "qwen3-vl-8b"] = "tiny"
+    path: Path | None = None  # the starting checkpoint (e.g. the SFT model); tiny: cache
+    name: str = "tiny-sft"  # recorded in adapter manifests as the base model
+    lora_rank: int = Field(16, ge=1, le=512)
+    lora_alpha: int | None = None
+    device: str = "cpu"
+    torch_threads: int | None = Field(1, ge=1)
+
+
+class DataConfig(_Strict):
+    task: str = "maze_2d"
+    size: int = Field(7, ge=5, le=63)
+    max_turns: int = Field(0, ge=0, le=1000)  # 0 = the task's default for the size
+    cell_px: int = Field(16, ge=0, le=64)
+    context: Literal["full", "last_frame"] = "last_frame"
+    groups_per_step: int = Field(8, ge=1)
+    group_size: int = Field(8, ge=1, le=64)
+    temperature: float = Field(1.0, gt=0, le=5)
+    max_new_tokens: int = Field(4, ge=1, le=4096)
+
+
+class OptimConfig(_Strict):
+    lr: float = Field(5e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = Field(1.0, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "cosine"] = "constant"
+
+
+class EvalConfig(_Strict):
+    every: int = Field(10, ge=0)  # steps; 0 = only at start and end
+    eval_seeds: int = Field(64, ge=0, le=64)  # the fixed eval mazes 0..N-1
+    heldout_seeds: int = Field(256, ge=0, le=256)  # more mazes (64..) for less noise
+    at_start: bool = True
+
+
+class CheckpointConfig(_Strict):
+    every: int = Field(10, ge=0)  # steps; 0 = never
+    keep_last: int = Field(3, ge=1)
+
+
+class FleetConfig(_Strict):
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    sync_address: str = "127.0.0.1:50053"
+    runs_root: Path = Path(os.environ.get("RLFLEET_RUNS_ROOT", "/shared/runs"))
+    min_replicas: int = Field(1, ge=1)  # wait for this many replicas to serve a new version
+    sync_timeout_s: float = Field(300, gt=0)
+    max_groups_in_flight: int = Field(8, ge=1)
+
+
+class RayConfig(_Strict):
+    address: str | None = None  # None: RAY_ADDRESS or a local Ray
+    num_workers: int = Field(1, ge=1)  # data-parallel trainers (torch.distributed, gloo)
+    object_store_mb: int = Field(256, ge=64)
+
+
+class LearnerConfig(_Strict):
+    run: str = "local"
+    seed: int = 0
+    steps: int = Field(20, ge=0)
+    mode: Literal["sync", "async"] = "sync"
+    deterministic: bool = False  # CPU, fixed seeds, seeded sampling: resumable bit-exactly
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    grpo: dict = Field(default_factory=dict)  # GRPOConfig fields
+    optim: OptimConfig = OptimConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    fleet: FleetConfig = FleetConfig()
+    ray: RayConfig = RayConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> LearnerConfig:
+        self.grpo_config()  # validates the GRPO fields with their own messages
+        if self.deterministic and self.mode != "sync":
+            raise ValueError("deterministic runs need mode: sync")
+        return self
+
+    def grpo_config(self) -> GRPOConfig:
+        fields = {"temperature": self.data.temperature, **self.grpo}
+        return GRPOConfig.from_mapping(fields)

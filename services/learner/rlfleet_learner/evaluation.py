@@ -1,0 +1,50 @@
+"""Greedy evaluation through the rollout fleet: the 64 fixed eval mazes and a larger
+held-out set. The true solve rate (stopped on the target) is reported apart from pass@1
+(reward > 0, which a format-crediting reward service can give without a solve)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+
+from rlfleet.clients.rollout_pool import RolloutPool
+from rlfleet.maze.tasks import EVAL_SEEDS, HELDOUT_SEEDS
+from rlfleet_learner.config import LearnerConfig
+from rlfleet_learner.requests import eval_episode
+
+
+def summarize(trajectories: list) -> dict[str, float]:
+    n = len(trajectories)
+    if n == 0:
+        return {"episodes": 0}
+    solved = sum(t.final_state.solved for t in trajectories)
+    rate = solved / n
+    return {
+        "episodes": n,
+        "solved": solved,
+        "solve_rate": rate,
+        "solve_rate_se": math.sqrt(rate * (1 - rate) / n),
+        "pass_at_1": sum(t.reward > 0 for t in trajectories) / n,
+        "mean_reward": statistics.fmean(t.reward for t in trajectories),
+        "mean_turns": statistics.fmean(len(t.turns) for t in trajectories),
+    }
+
+
+def evaluate(pool: RolloutPool, cfg: LearnerConfig, version: int,
+             progress: Callable[[int, int], None] | None = None) -> dict[str, dict]:
+    sets = {
+        "eval": list(EVAL_SEEDS)[: cfg.eval.eval_seeds],
+        "heldout": list(HELDOUT_SEEDS)[: cfg.eval.heldout_seeds],
+    }
+    requests = [eval_episode(cfg.data, run=cfg.run, seed=seed, version=version)
+                for seeds in sets.values() for seed in seeds]
+    by_seed: dict[int, object] = {}
+    total = len(requests)
+    for request, (trajectory,) in pool.run_groups(requests,
+                                                  max_in_flight=cfg.fleet.max_groups_in_flight * 4):
+        by_seed[request.task.seed] = trajectory
+        if progress is not None:
+            progress(len(by_seed), total)
+    return {name: summarize([by_seed[s] for s in seeds]) for name, seeds in sets.items()
+            if seeds}

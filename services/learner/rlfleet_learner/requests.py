@@ -1,0 +1,48 @@
+"""The group requests the learner sends: training groups and greedy eval episodes."""
+
+from __future__ import annotations
+
+from rlfleet.v1 import common_pb2, rollout_pb2
+from rlfleet_learner.config import DataConfig
+
+
+def task_spec(data: DataConfig, seed: int) -> common_pb2.TaskSpec:
+    return common_pb2.TaskSpec(
+        task=data.task, seed=seed, size=data.size, max_turns=data.max_turns,
+        render=common_pb2.RenderOptions(cell_px=data.cell_px))
+
+
+def sampling_seed(run_seed: int, step: int, group: int) -> int:
+    """A fixed, non-zero sampling seed per (run seed, step, group) for deterministic runs."""
+    return (run_seed * 1_000_003 + step * 1009 + group) % (2**31 - 1) + 1
+
+
+def train_group(data: DataConfig, *, run: str, step: int, index: int, seed: int,
+                min_version: int, sampling_seed: int = 0) -> rollout_pb2.GroupRequest:
+    return rollout_pb2.GroupRequest(
+        task=task_spec(data, seed),
+        group_size=data.group_size,
+        sampling=rollout_pb2.SamplingParams(temperature=data.temperature,
+                                            max_new_tokens=data.max_new_tokens,
+                                            seed=sampling_seed),
+        min_adapter_version=min_version,
+        # The version is part of the key: a resumed run never collides with the cache of
+        # the run it replaces.
+        idempotency_key=f"{run}/train/s{step}/v{min_version}/g{index}",
+        include_images=True,
+        context=data.context,
+    )
+
+
+def eval_episode(data: DataConfig, *, run: str, seed: int, version: int
+                 ) -> rollout_pb2.GroupRequest:
+    return rollout_pb2.GroupRequest(
+        task=task_spec(data, seed),
+        group_size=1,
+        sampling=rollout_pb2.SamplingParams(temperature=0.0,
+                                            max_new_tokens=data.max_new_tokens),
+        min_adapter_version=version,
+        idempotency_key=f"{run}/eval/v{version}/seed{seed}",
+        include_images=False,
+        context=data.context,
+    )

@@ -1,0 +1,80 @@
+"""From rollout trajectories (protobufs) to GRPO training rows.
+
+Advantages are computed per trajectory (one reward per episode, grouped by task); each
+trajectory then becomes one training row per independent sequence it holds: one row in
+context "full", one row per turn in context "last_frame" (each carrying the trajectory's
+advantage), with the images that sequence shows.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+from PIL import Image
+
+from rlfleet.grpo import BatchStats, GRPOConfig, TrainSample, prepare_batch
+from rlfleet.v1 import rollout_pb2
+
+
+def trajectory_sample(t: rollout_pb2.Trajectory, group_id: str) -> TrainSample:
+    return TrainSample(
+        input_ids=np.asarray(t.token_ids, dtype=np.int64),
+        loss_mask=np.asarray(t.loss_mask, dtype=np.float32),
+        logprobs=np.asarray(t.logprobs, dtype=np.float32),
+        reward=t.reward,
+        group_id=group_id,
+        adapter_version=t.adapter.version,
+        extras={"trajectory": t},
+    )
+
+
+def decode_images(t: rollout_pb2.Trajectory) -> list[Image.Image]:
+    if any(not img.png for img in t.images):
+        raise ValueError("trajectory lacks inline images; request include_images=true")
+    return [Image.open(io.BytesIO(img.png)).convert("RGB") for img in t.images]
+
+
+def segment_rows(sample: TrainSample) -> list[TrainSample]:
+    """The sample split at its trajectory's segment starts, images split alongside."""
+    t: rollout_pb2.Trajectory = sample.extras["trajectory"]
+    images = decode_images(t)
+    bounds = [*(t.segment_starts or [0]), len(t.token_ids)]
+    rows = []
+    for start, end in zip(bounds, bounds[1:], strict=False):
+        first = sum(1 for off in t.image_token_offsets if off < start)
+        count = sum(1 for off in t.image_token_offsets if start <= off < end)
+        mask = sample.loss_mask[start:end]
+        if mask.sum() == 0:
+            continue  # a segment the model never answered in (cut off)
+        rows.append(replace(
+            sample,
+            input_ids=sample.input_ids[start:end],
+            loss_mask=mask,
+            logprobs=sample.logprobs[start:end],
+            extras={"images": images[first:first + count]},
+        ))
+    return rows
+
+
+def generated_vision_tokens(t: rollout_pb2.Trajectory, vision_ids: set[int]) -> bool:
+    """An engine that sampled a vision placeholder made an unscoreable sequence; such a
+    trajectory is dropped (engines ban them; see rlfleet.engines.base)."""
+    return any(m and tok in vision_ids for tok, m in zip(t.token_ids, t.loss_mask, strict=True))
+
+
+def build_rows(
+    groups: Sequence[tuple[str, Sequence[rollout_pb2.Trajectory]]],
+    current_version: int,
+    cfg: GRPOConfig,
+    vision_ids: set[int] = frozenset(),
+) -> tuple[list[TrainSample], BatchStats]:
+    """Filters (unscoreable, staleness, zero-variance groups), computes advantages, and
+    splits into rows."""
+    samples = [trajectory_sample(t, key) for key, trajectories in groups for t in trajectories
+               if sum(t.loss_mask) > 0 and not generated_vision_tokens(t, vision_ids)]
+    kept, stats = prepare_batch(samples, current_version, cfg)
+    rows = [row for sample in kept for row in segment_rows(sample)]
+    return rows, stats

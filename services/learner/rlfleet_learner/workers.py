@@ -1,0 +1,106 @@
+"""Trainers as Ray actors: one per data-parallel rank, joined by torch.distributed (gloo on
+CPU, NCCL would serve GPUs the same way). The driver splits a step's micro-batches
+round-robin over the ranks; every rank back-propagates its share and the gradients are
+summed before one identical optimizer step on each rank."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+import torch
+
+from rlfleet.grpo import TrainSample, make_micro_batches
+from rlfleet_learner.config import LearnerConfig
+from rlfleet_learner.trainer import _ADDITIVE, PolicyTrainer, StepResult
+
+
+class TrainWorker:
+    """One rank. Created through `ray.remote(...)` by `TrainerGroup`."""
+
+    def __init__(self, cfg_json: str, model_dir: str, rank: int, world: int,
+                 master: str) -> None:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        if world > 1:
+            torch.distributed.init_process_group(
+                "gloo", init_method=f"tcp://{master}", rank=rank, world_size=world)
+        self.rank = rank
+        self.trainer = PolicyTrainer(LearnerConfig.model_validate_json(cfg_json), model_dir)
+
+    def step(self, batches: list) -> tuple[dict[str, float], int, float]:
+        totals = self.trainer.accumulate(batches)
+        rows = sum(mb.size for mb in batches)
+        return totals, rows, self.trainer.apply()
+
+    def adapter_files(self) -> dict[str, bytes]:
+        return self.trainer.adapter_files()
+
+    def state(self) -> dict[str, Any]:
+        t = self.trainer
+        return {"adapter": t.lora_state(), "optimizer": t.optimizer.state_dict(),
+                "scheduler": t.scheduler.state_dict()}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        t = self.trainer
+        t.load_lora_state(state["adapter"])
+        t.optimizer.load_state_dict(state["optimizer"])
+        t.scheduler.load_state_dict(state["scheduler"])
+
+    def lr(self) -> float:
+        return float(self.trainer.optimizer.param_groups[0]["lr"])
+
+    def pad_id(self) -> int:
+        return self.trainer.pad_id
+
+
+def _free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+class TrainerGroup:
+    """The driver's handle on the ranks."""
+
+    def __init__(self, cfg: LearnerConfig, model_dir: str, *, num_cpus: float = 0.0,
+                 num_gpus: float = 0.0) -> None:
+        world = cfg.ray.num_workers
+        master = _free_address()
+        actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(TrainWorker)
+        self.workers = [actor.remote(cfg.model_dump_json(), model_dir, rank, world, master)
+                        for rank in range(world)]
+        self.micro_batch_size = cfg.grpo_config().micro_batch_size
+        # Waiting on every rank's answer also waits for the process group to form.
+        self.pad_id = ray.get([w.pad_id.remote() for w in self.workers])[0]
+
+    def step(self, rows: Sequence[TrainSample]) -> StepResult:
+        batches = make_micro_batches(rows, self.micro_batch_size, pad_token_id=self.pad_id)
+        shards = [batches[r::len(self.workers)] for r in range(len(self.workers))]
+        results = ray.get([w.step.remote(s) for w, s in zip(self.workers, shards, strict=True)])
+        totals: dict[str, float] = {}
+        n = 0
+        for stats, rows_done, _ in results:
+            n += rows_done
+            for k, v in stats.items():
+                totals[k] = totals.get(k, 0.0) + v
+        stats = {k: (v if k in _ADDITIVE else v / max(n, 1)) for k, v in totals.items()}
+        return StepResult(stats, results[0][2])
+
+    def adapter_files(self) -> dict[str, bytes]:
+        return ray.get(self.workers[0].adapter_files.remote())
+
+    def state(self) -> dict[str, Any]:
+        return ray.get(self.workers[0].state.remote())
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        ray.get([w.load_state.remote(state) for w in self.workers])
+
+    def lr(self) -> float:
+        return ray.get(self.workers[0].lr.remote())
+
+    def close(self) -> None:
+        for w in self.workers:
+            ray.kill(w)
