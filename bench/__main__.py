@@ -6,7 +6,7 @@ import importlib
 import sys
 import time
 
-BENCHES = ["bench.bench_env"]
+BENCHES = ["bench.bench_env", "bench.bench_rollout", "bench.bench_sync", "bench.bench_learner"]
 
 
 def main(names: list[str]) -> int:

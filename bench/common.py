@@ -48,8 +48,8 @@ def write_results(name: str, rows: list[dict[str, Any]], *, value_key: str, unit
 def print_table(title: str, rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
-    keys = list(rows[0])
-    cells = [[_fmt(r.get(k)) for k in keys] for r in rows]
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    cells = [[_fmt(r.get(k, "")) for k in keys] for r in rows]
     widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
     print(f"\n{title}")
     print("  ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True)))

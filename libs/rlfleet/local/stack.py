@@ -35,16 +35,17 @@ class LocalStack:
     def add_replica(self, name: str | None = None, *extra: str, run: str | None = None) -> Proc:
         """Starts one more replica (of `run`, default the stack's) and waits until ready."""
         name = name or f"rollout-{len(self.replicas)}"
-        port = free_port()
+        port, metrics_port = free_port(), free_port()
         proc = self.group.start_service(
             name,
             rlfleet_argv("rollout", "serve", "--port", str(port),
-                         "--metrics-port", str(free_port()), "--model", str(self.model_dir),
+                         "--metrics-port", str(metrics_port), "--model", str(self.model_dir),
                          "--env-address", self.env_address, "--redis-url", self.redis_url,
                          "--sync-address", self.sync_address, "--runs-root",
                          str(self.runs_root), "--run", run or self.run, "--replica-id", name,
                          "--heartbeat-s", "1", *extra),
             f"127.0.0.1:{port}", timeout_s=300)
+        proc.extra["metrics_url"] = f"http://127.0.0.1:{metrics_port}/metrics"
         self.replicas.append(proc)
         return proc
 

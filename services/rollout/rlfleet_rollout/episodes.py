@@ -204,7 +204,10 @@ class GroupPlayer:
                         env_pb2_grpc.EnvServiceStub, "Step",
                         env_pb2.StepRequest(actions=actions, include_image=True)).results
                 except grpc.RpcError as err:
-                    raise _env_error(err, self.env.addresses[0]) from err
+                    # Mid-episode the spec was already accepted: a lost episode means the
+                    # env restarted, so the group is worth retrying (UNAVAILABLE).
+                    raise Unavailable(f"env service at {self.env.addresses[0]} lost the "
+                                      f"episodes: {err.code().name}: {err.details()}") from err
                 dt_env = time.perf_counter() - t0
                 finished, still = [], []
                 for ep, result in zip(live, results, strict=True):

@@ -1,0 +1,133 @@
+"""Generation throughput of the hf and vllm engines on the tiny policy (CPU), same
+requests (one 144x144 image each, a LoRA adapter active), greedy and sampled.
+
+    python -m bench.bench_engines_vllm_part
+
+vLLM runs in its own venv (scripts/setup_vllm_venv.sh) behind VLLMProcessEngine, so its
+figures include the JSON-lines hop (PNG-encoding the images): small next to generation.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from peft import LoraConfig, get_peft_model
+from PIL import Image
+
+from bench.common import RESULTS, write_results
+from rlfleet.engines import GenerationRequest, SamplingConfig
+from rlfleet.engines.hf import HFEngine
+from rlfleet.engines.vllm import VLLMProcessEngine
+from rlfleet.policy import ensure_tiny_model, image_to_data_url, load_policy
+
+NEW_TOKENS = 32
+BATCHES = (1, 8)
+
+
+def make_adapter(model_dir: Path, out: Path) -> Path:
+    model, _ = load_policy(model_dir, dtype=torch.float32)
+    peft_model = get_peft_model(
+        model,
+        LoraConfig(
+            r=8, lora_alpha=16, target_modules=r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj)"
+        ),
+    )
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    peft_model.save_pretrained(out)
+    return out
+
+
+def requests(hf: HFEngine, n: int) -> list[GenerationRequest]:
+    out = []
+    for i in range(n):
+        rng = np.random.default_rng(i)
+        img = Image.fromarray(rng.integers(0, 256, (144, 144, 3), dtype=np.uint8))
+        enc = hf.codec.encode_prompt(
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": image_to_data_url(img)}},
+                        {"type": "text", "text": f"maze {i}: your move?"},
+                    ],
+                }
+            ]
+        )
+        out.append(GenerationRequest(enc.token_ids, enc.images))
+    return out
+
+
+def tokens_per_s(engine, reqs, params, repeats: int = 2) -> float:  # noqa: ANN001
+    engine.generate(reqs, params, adapter="policy")  # warm-up
+    best = float("inf")
+    tokens = 0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        gens = engine.generate(reqs, params, adapter="policy")
+        best = min(best, time.perf_counter() - start)
+        tokens = sum(len(g.token_ids) for g in gens)
+    return tokens / best
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        tiny = ensure_tiny_model(Path(tmp) / "models")
+        adapter = make_adapter(tiny, Path(tmp) / "adapter")
+        hf = HFEngine(tiny)
+        (RESULTS / "logs").mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        vl = VLLMProcessEngine(
+            tiny,
+            dtype="float32",
+            max_lora_rank=8,
+            kv_cache_memory_bytes=256 << 20,
+            log_path=RESULTS / "logs" / "vllm-bench.log",
+        )
+        start_s = time.perf_counter() - started
+        rows = []
+        try:
+            for engine in (hf, vl):
+                engine.load_adapter("policy", str(adapter))
+            for batch in BATCHES:
+                reqs = requests(hf, batch)
+                for temperature in (0.0, 1.0):
+                    params = SamplingConfig(
+                        temperature=temperature, max_new_tokens=NEW_TOKENS, seed=0
+                    )
+                    for name, engine in (("hf", hf), ("vllm", vl)):
+                        rows.append(
+                            {
+                                "case": f"{name} b{batch} T{temperature:g}",
+                                "engine": name,
+                                "batch": batch,
+                                "temperature": temperature,
+                                "tokens_per_s": tokens_per_s(engine, reqs, params),
+                            }
+                        )
+        finally:
+            vl.close()
+            hf.close()
+    write_results(
+        "engines_vllm",
+        rows,
+        value_key="tokens_per_s",
+        unit="generated tokens/s",
+        meta={
+            "new_tokens": NEW_TOKENS,
+            "vllm_start_s": round(start_s, 1),
+            "vllm": vl.info.get("vllm"),
+        },
+        title="hf vs vllm engine, tiny policy, CPU",
+    )
+
+
+if __name__ == "__main__":
+    main()
