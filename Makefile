@@ -7,7 +7,7 @@ export RLFLEET_CACHE ?= $(HOME)/.cache/rlfleet
 PROTOS := $(wildcard protos/rlfleet/v1/*.proto)
 STUBS := $(patsubst protos/rlfleet/v1/%.proto,libs/rlfleet/v1/%_pb2.py,$(PROTOS))
 
-.PHONY: help setup venv system proto run test test-fast bench lint clean
+.PHONY: help setup venv system proto vllm-venv run test bench baseline lint clean
 
 help:
 	@echo "make run     the main job on the local default (tiny model, CPU)"
@@ -32,11 +32,18 @@ $(STUBS) &: $(PROTOS) .venv/.rlfleet-stamp
 
 setup: venv system proto
 
+# vLLM (CPU build) in its own venv under $(RLFLEET_CACHE), built once per machine
+vllm-venv: venv
+	@scripts/setup_vllm_venv.sh >/dev/null
+
 run: setup
 	$(PYTHON) -m rlfleet.local.run
 
-test: setup
+test: setup vllm-venv
 	$(PYTHON) -m pytest -q
+
+baseline: setup
+	$(PYTHON) -m rlfleet.local.baseline
 
 lint: venv
 	$(PYTHON) -m ruff check libs services tests bench

@@ -31,8 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     health.set_defaults(func=_health)
 
     from rlfleet.conformance.cli import register as register_conformance
+    from rlfleet.sft.cli import register as register_sft
 
     register_conformance(sub)
+    register_sft(sub)
     try:
         from rlfleet.kube.scale import register_scale_command
     except ImportError:  # the kube client is optional outside the deploy path

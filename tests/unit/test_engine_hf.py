@@ -11,6 +11,7 @@ from peft import LoraConfig, get_peft_model
 from PIL import Image
 
 from rlfleet.engines import EngineError, GenerationRequest, SamplingConfig
+from rlfleet.engines.base import vision_token_ids
 from rlfleet.engines.hf import HFEngine, filter_logits
 from rlfleet.policy import (
     ChatCodec,
@@ -110,6 +111,8 @@ def test_greedy_is_deterministic_and_takes_the_argmax(engine, requests_):
             )
         start = len(r.prompt_ids) - 1
         rows = logits[0, start : start + len(g.token_ids)].float()
+        # the vision placeholders are outside the action space
+        rows[:, vision_token_ids(processor)] = float("-inf")
         assert rows.argmax(-1).tolist() == g.token_ids
         picked = torch.log_softmax(rows, -1).max(-1).values
         torch.testing.assert_close(torch.tensor(g.logprobs), picked, atol=1e-4, rtol=1e-4)

@@ -23,6 +23,7 @@ from rlfleet.policy import (
     resolve_model_dir,
     sequence_logprobs,
 )
+from rlfleet.policy.loading import vision_token_ids
 from rlfleet.policy.tokenizer import ACTION_TOKENS, SPECIAL_TOKENS
 
 
@@ -299,8 +300,15 @@ def test_sequence_logprobs_match_the_models_own_forward(policy, codec):
             image_grid_thw=batch.image_grid_thw,
             mm_token_type_ids=(batch.input_ids == codec.image_pad_id).int(),
         )
-    ref = torch.log_softmax(out.logits[0, :-1].float(), -1)
-    ref = ref.gather(-1, batch.input_ids[0, 1:, None]).squeeze(-1)
+    logits = out.logits[0, :-1].float()
+    targets = batch.input_ids[0, 1:]
+    full = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
+    # the vision placeholders are outside the action space: other targets are scored
+    # without them, the placeholders themselves (prompt tokens) over the full vocabulary
+    banned = torch.tensor(vision_token_ids(processor))
+    restricted = torch.log_softmax(logits.index_fill(-1, banned, float("-inf")), -1)
+    restricted = restricted.gather(-1, targets[:, None]).squeeze(-1)
+    ref = torch.where(torch.isin(targets, banned), full, restricted)
     assert ours.shape == (len(tr.token_ids),)
     assert ours[0] == 0
     torch.testing.assert_close(ours[1:], ref, atol=1e-5, rtol=1e-5)

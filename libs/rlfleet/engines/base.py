@@ -20,10 +20,11 @@ same way:
       may be sampled but are NOT applied to the recorded value (the learner recomputes
       exactly this quantity with ``rlfleet.policy.sequence_logprobs``);
     - greedy (T == 0): ``log_softmax(logits)[token]`` (i.e. T = 1 scoring of the argmax).
-* Vision placeholders are never sampled: ``<|vision_start|>``, ``<|vision_end|>``,
-  ``<|image_pad|>`` and ``<|video_pad|>`` (see ``vision_token_ids``) are removed from what
-  may be sampled, like top-k, and likewise not from the recorded logprob. A generated
-  placeholder would break the image positions of every later turn.
+* The action space excludes the vision placeholders (``<|vision_start|>``,
+  ``<|vision_end|>``, ``<|image_pad|>``, ``<|video_pad|>``; ``vision_token_ids``): they are
+  never sampled, and the softmax above is taken over the remaining vocabulary, by the
+  engines and by ``sequence_logprobs`` alike. A generated placeholder would break the
+  image positions of every later turn.
 * Reproducibility: with ``SamplingConfig.seed`` set, the same engine, requests, params
   and adapter give the same tokens. Request i of a batch is sampled as if seeded with
   ``seed + i``, so the result of one request does not depend on the batch it rides in
@@ -40,6 +41,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from PIL import Image
+
+from rlfleet.policy.loading import vision_token_ids
+
+__all__ = ["Engine", "EngineError", "Generation", "GenerationRequest", "SamplingConfig",
+           "vision_token_ids"]
 
 FinishReason = Literal["stop", "length"]
 
@@ -85,17 +91,6 @@ class Generation:
     logprobs: list[float]
     text: str
     finish_reason: FinishReason
-
-
-VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
-
-
-def vision_token_ids(processor: object) -> list[int]:
-    """Ids of the vision placeholder tokens that no engine may sample."""
-    tokenizer = getattr(processor, "tokenizer", processor)
-    ids = tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))
-    unk = getattr(tokenizer, "unk_token_id", None)
-    return sorted({int(i) for i in ids if i is not None and i != unk})
 
 
 class EngineError(RuntimeError):

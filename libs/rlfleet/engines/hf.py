@@ -23,10 +23,9 @@ from rlfleet.engines.base import (
     Generation,
     GenerationRequest,
     SamplingConfig,
-    vision_token_ids,
 )
 from rlfleet.policy.chat import ChatCodec
-from rlfleet.policy.loading import PolicyProcessor, load_policy
+from rlfleet.policy.loading import PolicyProcessor, load_policy, vision_token_ids
 from rlfleet.policy.logprobs import collate, token_logprobs, unwrap
 
 
@@ -244,7 +243,7 @@ class HFEngine(Engine):
                 nxt = torch.stack(
                     [torch.multinomial(probs[i], 1, generator=gens[i])[0] for i in range(B)]
                 )
-            lp = token_logprobs(logits, nxt, params.temperature)
+            lp = token_logprobs(logits, nxt, params.temperature, banned)
             for i in range(B):
                 if not done[i]:
                     tokens[i].append(int(nxt[i]))

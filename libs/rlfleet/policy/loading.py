@@ -92,3 +92,16 @@ def load_policy(
 def stop_token_ids(processor: PolicyProcessor) -> list[int]:
     """Token ids that end an assistant turn: ``<|im_end|>`` only (see ChatCodec)."""
     return [int(processor.tokenizer.convert_tokens_to_ids("<|im_end|>"))]
+
+
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+
+def vision_token_ids(processor: object) -> list[int]:
+    """Ids of the vision placeholder tokens, which are outside the policy's action space:
+    engines never sample them and every logprob is normalised without them (a generated
+    placeholder would break the image positions of every later turn)."""
+    tokenizer = getattr(processor, "tokenizer", processor)
+    ids = tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))
+    unk = getattr(tokenizer, "unk_token_id", None)
+    return sorted({int(i) for i in ids if i is not None and i != unk})

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
-from rlfleet.policy.loading import PolicyProcessor
+from rlfleet.policy.loading import PolicyProcessor, vision_token_ids
 
 
 @dataclass
@@ -163,13 +163,28 @@ def forward_logits(model: torch.nn.Module, batch: ModelBatch, **kwargs) -> torch
     return out.logits
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``log_softmax(logits / T)[target]`` in float32; T == 0 scores at T = 1 (greedy)."""
+def token_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    banned: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``log_softmax(logits / T)[target]`` in float32; T == 0 scores at T = 1 (greedy).
+
+    ``banned`` token ids are outside the action space: the softmax runs over the other
+    tokens. A target that is itself banned (a vision placeholder in the prompt, never a
+    sampled token) is scored over the full vocabulary, so every value stays finite."""
     logits = logits.float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
+    if banned is None or not banned.numel():
+        return picked - torch.logsumexp(logits, dim=-1)
+    banned = banned.to(logits.device)
+    allowed = logits.index_fill(-1, banned, float("-inf"))
+    restricted = picked - torch.logsumexp(allowed, dim=-1)
+    full = picked - torch.logsumexp(logits, dim=-1)
+    return torch.where(torch.isin(targets, banned), full, restricted)
 
 
 def sequence_logprobs(
@@ -182,7 +197,8 @@ def sequence_logprobs(
     """Per-token logprobs of whole sequences (all turns, all images) in one forward pass.
 
     ``out[..., t] = log p(token_t | tokens_<t)`` under ``log_softmax(logits / T)``
-    (T == 0 -> T = 1), aligned with ``token_ids``; position 0 and padding are 0. A single
+    (T == 0 -> T = 1) over the action space (vision placeholders excluded, as the engines
+    sample), aligned with ``token_ids``; position 0 and padding are 0. A single
     sequence (list of ints + list of images) gives shape ``(L,)``; a batch (list of lists)
     gives ``(B, L_max)``, right-padded. Differentiable: the learner multiplies by its loss
     mask and back-propagates. Runs in the model's current mode (call ``model.eval()`` to
@@ -194,7 +210,8 @@ def sequence_logprobs(
     device = next(model.parameters()).device
     batch = collate(processor, seqs, imgs, padding_side="right").to(device)
     logits = forward_logits(model, batch)
-    lp = token_logprobs(logits[:, :-1], batch.input_ids[:, 1:], temperature)
+    banned = torch.tensor(vision_token_ids(processor), dtype=torch.long)
+    lp = token_logprobs(logits[:, :-1], batch.input_ids[:, 1:], temperature, banned)
     lp = lp * batch.attention_mask[:, 1:]
     out = torch.cat([lp.new_zeros(lp.shape[0], 1), lp], dim=1)
     return out[0] if single else out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rlfleet.config import ConfigError
 from rlfleet.service import add_common_args, serve_forever, settings_or_exit
 
 
@@ -12,7 +13,10 @@ def _serve(args: argparse.Namespace) -> int:
     from rlfleet_ckptsync.server import SyncSettings, make_server
 
     settings = settings_or_exit(SyncSettings, args, "ckptsync")
-    server, reconciler = make_server(settings)
+    try:
+        server, reconciler = make_server(settings)
+    except ConfigError as exc:
+        raise SystemExit(f"rlfleet ckptsync: {exc}") from None
     try:
         reconciler.tick()  # rebuild from /shared before answering anyone
     except Exception as exc:  # noqa: BLE001 - Redis may come later; the loop retries

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from rlfleet.registry import AdapterRegistry, ReplicaRegistry, connect
+from rlfleet.registry import AdapterRegistry, ReplicaRegistry, connect, verify_credentials
 from rlfleet.rpc.server import GrpcServer
 from rlfleet.service import ServiceSettings
 from rlfleet.storage import RunsRoot, clean_temp_dirs
@@ -65,6 +65,7 @@ class Reconciler:
 
 def make_server(settings: SyncSettings) -> tuple[GrpcServer, Reconciler]:
     client = connect(settings.redis_url)
+    verify_credentials(client)  # a wrong password fails here, clearly (ConfigError)
     settings.runs_root.mkdir(parents=True, exist_ok=True)
     state = SyncState(RunsRoot(settings.runs_root), AdapterRegistry(client),
                       ReplicaRegistry(client), keep_last=settings.keep_last)

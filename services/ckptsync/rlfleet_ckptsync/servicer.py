@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
+from typing import Any
 
 import grpc
+import redis
 
 from rlfleet import limits
 from rlfleet.registry import AdapterRecord
@@ -13,6 +17,7 @@ from rlfleet.rpc.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    Unavailable,
 )
 from rlfleet.storage import (
     AdapterVerificationError,
@@ -31,6 +36,21 @@ def _run(name: str) -> str:
         raise InvalidArgument(str(exc)) from exc
 
 
+def _registry_errors(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Redis unreachable (restarting, failing over) is UNAVAILABLE, which callers retry,
+    not an INTERNAL error: the request was fine and nothing was recorded."""
+
+    @functools.wraps(method)
+    def wrapped(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise Unavailable(f"the fleet registry (Redis) is unreachable "
+                              f"({type(exc).__name__}); retry") from exc
+
+    return wrapped
+
+
 def _ref(record: AdapterRecord) -> common_pb2.AdapterRef:
     return common_pb2.AdapterRef(run=record.run, version=record.version, path=record.path,
                                  sha256=record.sha256)
@@ -41,12 +61,16 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
         self.state = state
         self.poll_s = poll_s
 
+    @_registry_errors
     def Publish(self, request: sync_pb2.PublishRequest, context: grpc.ServicerContext):  # noqa: N802
         ref = request.adapter
         run = _run(ref.run)
         if ref.version < 1:
             raise InvalidArgument(f"version must be >= 1, got {ref.version}")
-        expected = self.state.runs_root.adapter_dir(run, ref.version)
+        try:  # a version dir planted as a symlink to outside resolves outside the root
+            expected = self.state.runs_root.adapter_dir(run, ref.version)
+        except PathOutsideRunsRoot as exc:
+            raise InvalidArgument(str(exc)) from exc
         if ref.path:
             try:
                 given = self.state.runs_root.resolve(ref.path)
@@ -74,6 +98,7 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
         self.state.collect_garbage(run)
         return sync_pb2.PublishResponse(adapter=_ref(record), published_at=record.published_at)
 
+    @_registry_errors
     def GetLatest(self, request: sync_pb2.GetLatestRequest, context):  # noqa: N802, ANN001
         run = _run(request.run)
         record = self.state.adapters.latest(run)
@@ -81,6 +106,7 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
             raise NotFound(f"no adapter published for run {run!r}")
         return _ref(record)
 
+    @_registry_errors
     def WaitForReplicas(self, request: sync_pb2.WaitForReplicasRequest, context):  # noqa: N802, ANN001
         run = _run(request.run)
         if not 1 <= request.min_replicas <= limits.MAX_REPLICAS:
@@ -113,6 +139,7 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
         return sync_pb2.WaitForReplicasResponse(
             replicas=len(serving), replica_ids=serving, publish_to_live_s=lag)
 
+    @_registry_errors
     def Acknowledge(self, request: sync_pb2.AcknowledgeRequest, context):  # noqa: N802, ANN001
         ref = request.adapter
         run = _run(ref.run)

@@ -12,6 +12,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from rlfleet.registry import AdapterRecord, AdapterRegistry, ReplicaRegistry
 from rlfleet.storage import (
     AdapterVerificationError,
+    PathOutsideRunsRoot,
     RunsRoot,
     VersionProtected,
     latest_version,
@@ -67,26 +68,34 @@ class SyncState:
         """Re-announces the newest verified version of every run that Redis lacks (after a
         flush or restart). Versions never go backwards: Redis keeps whichever is newer."""
         for run in self.runs_root.list_runs():
-            newest = latest_version(self.runs_root, run)
-            if newest is None:
+            try:
+                self._rebuild_run(run)
+            except (PathOutsideRunsRoot, OSError) as exc:
+                # one run's broken layout (e.g. its adapters dir a symlink to outside the
+                # root) must not stop the others from being rebuilt
+                log.warning("cannot rebuild run", extra={"run": run, "error": str(exc)})
+
+    def _rebuild_run(self, run: str) -> None:
+        newest = latest_version(self.runs_root, run)
+        if newest is None:
+            return
+        current = self.adapters.latest(run)
+        if current is not None and current.version >= newest:
+            LATEST_VERSION.labels(run).set(current.version)
+            return
+        for version in sorted(list_versions(self.runs_root, run), reverse=True):
+            try:
+                record = self.verify_and_record(run, version)
+            except (AdapterVerificationError, OSError) as exc:
+                log.warning("skipping unverifiable version",
+                            extra={"run": run, "version": version, "error": str(exc)})
                 continue
-            current = self.adapters.latest(run)
-            if current is not None and current.version >= newest:
-                LATEST_VERSION.labels(run).set(current.version)
-                continue
-            for version in sorted(list_versions(self.runs_root, run), reverse=True):
-                try:
-                    record = self.verify_and_record(run, version)
-                except (AdapterVerificationError, OSError) as exc:
-                    log.warning("skipping unverifiable version",
-                                extra={"run": run, "version": version, "error": str(exc)})
-                    continue
-                if self.adapters.publish(record):
-                    REPUBLISHED.inc()
-                    log.info("re-announced version from /shared",
-                             extra={"run": run, "version": version})
-                LATEST_VERSION.labels(run).set(record.version)
-                break
+            if self.adapters.publish(record):
+                REPUBLISHED.inc()
+                log.info("re-announced version from /shared",
+                         extra={"run": run, "version": version})
+            LATEST_VERSION.labels(run).set(record.version)
+            break
 
     def observe_replicas(self) -> None:
         """Exports which replica serves what, and the publish→all-live latency of each

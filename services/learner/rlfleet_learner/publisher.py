@@ -3,6 +3,7 @@ mode) wait until enough replicas serve the version."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from rlfleet.storage import (
     DestinationExists,
     RunsRoot,
     StorageError,
+    is_transient,
     list_versions,
     publish_adapter_dir,
     retry,
@@ -21,6 +23,18 @@ from rlfleet.storage import (
 from rlfleet.v1 import common_pb2, sync_pb2, sync_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+
+# A permission error on /shared (a volume mounted read-only or with the wrong owner for a
+# moment, an operator fixing an fsGroup) is retried like a full disk, a bounded number of
+# times: the learner would otherwise lose the step's weights.
+PERMISSION_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def retry_write(exc: BaseException) -> bool:
+    if isinstance(exc, DestinationExists):
+        return False
+    return is_transient(exc) or (isinstance(exc, OSError) and exc.errno in PERMISSION_ERRNOS)
 
 
 @dataclass
@@ -50,7 +64,8 @@ class AdapterPublisher:
         while True:
             try:
                 manifest = retry(lambda v=version: publish_adapter_dir(
-                    self.root, self.run, v, files, base_model=self.base_model, step=step))
+                    self.root, self.run, v, files, base_model=self.base_model, step=step),
+                    retry_on=retry_write)
                 break
             except DestinationExists:  # someone (a crashed earlier run) took the number
                 version = self.next_version(version + 1)

@@ -12,11 +12,15 @@ from rlfleet.service import add_common_args, serve_forever, settings_or_exit
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from rlfleet.config import ConfigError
     from rlfleet_rollout.server import build_replica
     from rlfleet_rollout.settings import RolloutSettings
 
     settings = settings_or_exit(RolloutSettings, args, "rollout")
-    replica = build_replica(settings)
+    try:
+        replica = build_replica(settings)
+    except ConfigError as exc:
+        raise SystemExit(f"rlfleet rollout: {exc}") from None
     try:
         return serve_forever(replica.server, f"rollout replica {settings.replica_id}",
                              on_stop=replica.stop, until_ready=replica.until_ready)
@@ -27,9 +31,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _sample(args: argparse.Namespace) -> int:
     import grpc
 
-    from rlfleet.config import read_secret
-    from rlfleet.rpc.client import RpcClient
-    from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+    from rlfleet.v1 import common_pb2, rollout_pb2
 
     request = rollout_pb2.GroupRequest(
         task=common_pb2.TaskSpec(task=args.task, seed=args.seed, size=args.size,
@@ -42,9 +44,8 @@ def _sample(args: argparse.Namespace) -> int:
         env_address=args.env_address or "",
         context=args.context,
     )
-    client = RpcClient(args.target, token=read_secret("RLFLEET_AUTH_TOKEN"), timeout_s=600)
     try:
-        for t in client.stream(rollout_pb2_grpc.RolloutServiceStub, "RolloutGroup", request):
+        for t in _trajectories(args, request):
             doc = {
                 "index": t.index, "reward": t.reward, "solved": t.solved,
                 "components": dict(t.reward_components), "turns": len(t.turns),
@@ -61,6 +62,31 @@ def _sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trajectories(args: argparse.Namespace, request):  # noqa: ANN001, ANN202
+    """From a running replica (--target), or from a policy loaded in this process."""
+    from rlfleet.config import read_secret
+    from rlfleet.rpc.client import RpcClient
+    from rlfleet.v1 import rollout_pb2_grpc
+
+    if args.target:
+        client = RpcClient(args.target, token=read_secret("RLFLEET_AUTH_TOKEN"), timeout_s=600)
+        yield from client.stream(rollout_pb2_grpc.RolloutServiceStub, "RolloutGroup", request)
+        return
+    if not args.env_address:
+        raise SystemExit("rollout sample: give --target (a replica) or --env-address")
+    from rlfleet_rollout.adapters import LiveAdapter
+    from rlfleet_rollout.server import build_replica
+    from rlfleet_rollout.settings import RolloutSettings
+
+    settings = RolloutSettings(env_address=args.env_address, model=args.model,
+                               metrics_port=None, port=0)
+    replica = build_replica(settings)
+    try:
+        yield from replica.player.play(request, LiveAdapter.base(settings.run), lambda: True)
+    finally:
+        replica.close()
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rollout", help="rollout replicas")
     p_sub = p.add_subparsers(dest="subcommand", required=True)
@@ -75,10 +101,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                        ("--adapter-wait-s", float), ("--cell-px", int),
                        ("--heartbeat-s", float), ("--heartbeat-ttl-s", float)):
         serve.add_argument(flag, type=kind, default=None)
+    serve.add_argument("--engine-args", type=json.loads, default=None,
+                       help='engine keyword arguments as JSON, e.g. \'{"dtype": "float32"}\'')
     serve.set_defaults(func=_serve)
 
     sample = p_sub.add_parser("sample", help="roll out one group and print the trajectories")
-    sample.add_argument("--target", required=True, help="HOST:PORT of a rollout replica")
+    sample.add_argument("--target", default=None,
+                        help="HOST:PORT of a rollout replica (default: play in this process "
+                             "with --model against --env-address)")
+    sample.add_argument("--model", type=Path, default=None,
+                        help="model dir for in-process play (default: the tiny base)")
     sample.add_argument("--env-address", default=None)
     sample.add_argument("--task", default="maze_2d")
     sample.add_argument("--seed", type=int, default=1_000_000)

@@ -8,11 +8,18 @@ from dataclasses import dataclass
 
 import grpc
 
+from rlfleet.config import read_secret
 from rlfleet.engines.base import Engine
 from rlfleet.policy.chat import ChatCodec
 from rlfleet.policy.loading import load_processor
 from rlfleet.policy.profiles import resolve_model_dir
-from rlfleet.registry import AdapterRegistry, ReplicaInfo, ReplicaRegistry, connect
+from rlfleet.registry import (
+    AdapterRegistry,
+    ReplicaInfo,
+    ReplicaRegistry,
+    connect,
+    verify_credentials,
+)
 from rlfleet.rpc.client import RpcClient
 from rlfleet.rpc.server import GrpcServer
 from rlfleet.storage import RunsRoot
@@ -33,16 +40,18 @@ def make_engine(settings: RolloutSettings, model_dir: str) -> Engine:
     if settings.engine == "vllm":
         from rlfleet.engines.vllm import VLLMEngine  # only inside the vLLM environment
 
-        return VLLMEngine(model_dir)
+        return VLLMEngine(model_dir, **{"max_lora_rank": 64, **settings.engine_args})
     from rlfleet.engines.hf import HFEngine
 
-    return HFEngine(model_dir, device=settings.device, num_threads=settings.torch_threads)
+    return HFEngine(model_dir, device=settings.device, num_threads=settings.torch_threads,
+                    **settings.engine_args)
 
 
 @dataclass
 class Replica:
     settings: RolloutSettings
     server: GrpcServer
+    player: GroupPlayer
     batcher: GenerationBatcher
     adapters: AdapterManager
     heartbeat: Heartbeat | None
@@ -74,8 +83,14 @@ def build_replica(settings: RolloutSettings) -> Replica:
     codec = ChatCodec(load_processor(model_dir))
     batcher = GenerationBatcher(engine, max_batch=settings.max_batch)
     config = settings.server_config()
-    sync = RpcClient(settings.sync_address, timeout_s=10) if settings.sync_address else None
+    # The replica calls the env/reward service and ckpt-sync with the fleet's shared token
+    # (the same one its own server requires), like every other client in the fleet.
+    token = read_secret("RLFLEET_AUTH_TOKEN")
+    sync = (RpcClient(settings.sync_address, token=token, timeout_s=10)
+            if settings.sync_address else None)
     redis = connect(settings.redis_url) if settings.redis_url else None
+    if redis is not None:
+        verify_credentials(redis)  # a wrong password fails here, clearly (ConfigError)
     replica_registry = ReplicaRegistry(redis) if redis is not None else None
     holder: dict[str, Heartbeat] = {}
 
@@ -96,8 +111,8 @@ def build_replica(settings: RolloutSettings) -> Replica:
     reward_address = settings.reward_address or settings.env_address
     player = GroupPlayer(
         batcher, codec,
-        env=RpcClient(settings.env_address, timeout_s=settings.env_timeout_s),
-        reward=RpcClient(reward_address, timeout_s=settings.env_timeout_s),
+        env=RpcClient(settings.env_address, token=token, timeout_s=settings.env_timeout_s),
+        reward=RpcClient(reward_address, token=token, timeout_s=settings.env_timeout_s),
         replica_id=settings.replica_id, cell_px=settings.render_cell_px())
     servicer = RolloutServicer(
         player, adapters, max_groups=settings.max_groups,
@@ -124,4 +139,4 @@ def build_replica(settings: RolloutSettings) -> Replica:
                               settings.heartbeat_ttl_s)
         holder["hb"] = heartbeat
         watcher = AdapterWatcher(AdapterRegistry(redis), adapters)
-    return Replica(settings, server, batcher, adapters, heartbeat, watcher)
+    return Replica(settings, server, player, batcher, adapters, heartbeat, watcher)

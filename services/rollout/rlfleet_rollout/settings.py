@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -16,6 +16,9 @@ class RolloutSettings(ServiceSettings):
     port: int = Field(50052, ge=0, le=65535)
     metrics_port: int | None = Field(9102, ge=0, le=65535)
     engine: Literal["hf", "vllm"] = "hf"
+    # extra keyword arguments for the engine, e.g. for vllm {"max_lora_rank": 64,
+    # "gpu_memory_utilization": 0.85, "dtype": "bfloat16"}
+    engine_args: dict[str, Any] = Field(default_factory=dict)
     profile: Literal["tiny", "qwen3-vl-8b"] = "tiny"
     model: Path | None = None  # model directory; tiny: built into model_cache if unset
     model_cache: Path = Path(os.environ.get("RLFLEET_CACHE", "~/.cache/rlfleet")).expanduser()
