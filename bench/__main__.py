@@ -6,7 +6,14 @@ import importlib
 import sys
 import time
 
-BENCHES = ["bench.bench_env", "bench.bench_rollout", "bench.bench_sync", "bench.bench_learner"]
+BENCHES = [
+    "bench.bench_env",
+    "bench.bench_engines",
+    "bench.bench_rollout",
+    "bench.bench_sync",
+    "bench.bench_learner",
+    "bench.bench_load",
+]
 
 
 def main(names: list[str]) -> int:

@@ -56,14 +56,23 @@ def engine_rows(model_dir: Path) -> list[dict]:
     return rows
 
 
+CASES = (("hf", 1), ("hf", 2), ("vllm", 1))
+
+
 def service_rows(model_dir: Path, work: Path, groups: int = 12) -> list[dict]:
+    from rlfleet.engines.vllm import default_venv_python
+
     rows = []
-    for replicas in (1, 2):
-        group = ProcessGroup(work / f"r{replicas}" / "logs")
-        stack = start_stack(work / f"r{replicas}", runs_root=work / f"r{replicas}" / "runs",
-                            run="bench", model_dir=model_dir, replicas=replicas,
+    for engine, replicas in CASES:
+        name = f"{engine}-r{replicas}"
+        group = ProcessGroup(work / name / "logs")
+        stack = start_stack(work / name, runs_root=work / name / "runs", run="bench",
+                            model_dir=model_dir, replicas=replicas if engine == "hf" else 0,
                             group=group, log=lambda m: None)
         try:
+            if engine == "vllm":
+                stack.add_replica("vllm", "--engine", "vllm",
+                                  python=str(default_venv_python()))
             pool = RolloutPool(redis_url=stack.redis_url, run="bench")
             requests = [rollout_pb2.GroupRequest(
                 task=common_pb2.TaskSpec(task="maze_2d", seed=1_000_000 + i, size=7,
@@ -77,7 +86,7 @@ def service_rows(model_dir: Path, work: Path, groups: int = 12) -> list[dict]:
             dt = time.perf_counter() - start
             trajectories = [t for _, ts in results for t in ts]
             tokens = sum(sum(t.loss_mask) for t in trajectories)
-            rows.append({"case": f"service, {replicas} replica(s)",
+            rows.append({"case": f"service, {replicas} {engine} replica(s)",
                          "trajectories_per_s": len(trajectories) / dt,
                          "tokens_per_s": tokens / dt, "trajectories": len(trajectories),
                          "seconds": dt})
@@ -85,7 +94,7 @@ def service_rows(model_dir: Path, work: Path, groups: int = 12) -> list[dict]:
             stack.close()
     base = rows[0]["trajectories_per_s"]
     for r in rows:
-        r["vs_1_replica"] = r["trajectories_per_s"] / base
+        r["vs_1_hf_replica"] = r["trajectories_per_s"] / base
     return rows
 
 

@@ -32,19 +32,21 @@ class LocalStack:
         assert self.sync is not None and self.sync.address
         return self.sync.address
 
-    def add_replica(self, name: str | None = None, *extra: str, run: str | None = None) -> Proc:
-        """Starts one more replica (of `run`, default the stack's) and waits until ready."""
+    def add_replica(self, name: str | None = None, *extra: str, run: str | None = None,
+                    python: str | None = None) -> Proc:
+        """Starts one more replica (of `run`, default the stack's) and waits until ready.
+        `python` runs it under another interpreter (the vLLM venv's for --engine vllm)."""
         name = name or f"rollout-{len(self.replicas)}"
         port, metrics_port = free_port(), free_port()
-        proc = self.group.start_service(
-            name,
-            rlfleet_argv("rollout", "serve", "--port", str(port),
+        argv = rlfleet_argv("rollout", "serve", "--port", str(port),
                          "--metrics-port", str(metrics_port), "--model", str(self.model_dir),
                          "--env-address", self.env_address, "--redis-url", self.redis_url,
                          "--sync-address", self.sync_address, "--runs-root",
                          str(self.runs_root), "--run", run or self.run, "--replica-id", name,
-                         "--heartbeat-s", "1", *extra),
-            f"127.0.0.1:{port}", timeout_s=300)
+                         "--heartbeat-s", "1", *extra)
+        if python:
+            argv[0] = python
+        proc = self.group.start_service(name, argv, f"127.0.0.1:{port}", timeout_s=600)
         proc.extra["metrics_url"] = f"http://127.0.0.1:{metrics_port}/metrics"
         self.replicas.append(proc)
         return proc

@@ -1,7 +1,7 @@
 """Generation throughput of the hf and vllm engines on the tiny policy (CPU), same
 requests (one 144x144 image each, a LoRA adapter active), greedy and sampled.
 
-    python -m bench.bench_engines_vllm_part
+    python -m bench.bench_engines
 
 vLLM runs in its own venv (scripts/setup_vllm_venv.sh) behind VLLMProcessEngine, so its
 figures include the JSON-lines hop (PNG-encoding the images): small next to generation.
