@@ -73,7 +73,7 @@ def test_group_trajectories_are_complete(env, start_rollout) -> None:
         assert t.timings.total_s > 0
 
 
-@pytest.mark.parametrize("context", ["full", "last_frame"])
+@pytest.mark.parametrize("context", ["full", "last_frame", "frame_only"])
 def test_logprobs_equal_a_fresh_forward_pass(env, start_rollout, tiny_model_dir: Path,
                                              context: str) -> None:
     from rlfleet.policy import load_policy, sequence_logprobs

@@ -30,7 +30,7 @@ class DataConfig(_Strict):
     size: int = Field(7, ge=5, le=63)
     max_turns: int = Field(0, ge=0, le=1000)  # 0 = the task's default for the size
     cell_px: int = Field(16, ge=0, le=64)
-    context: Literal["full", "last_frame"] = "last_frame"
+    context: Literal["full", "last_frame", "frame_only"] = "last_frame"
     groups_per_step: int = Field(8, ge=1)
     group_size: int = Field(8, ge=1, le=64)
     temperature: float = Field(1.0, gt=0, le=5)

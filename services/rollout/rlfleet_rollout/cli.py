@@ -120,6 +120,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     sample.add_argument("--temperature", type=float, default=1.0)
     sample.add_argument("--max-new-tokens", type=int, default=8)
     sample.add_argument("--sampling-seed", type=int, default=0)
-    sample.add_argument("--context", default="full", choices=["full", "last_frame"])
+    sample.add_argument("--context", default="full", choices=["full", "last_frame", "frame_only"])
     sample.add_argument("--key", default=None, help="idempotency key (default: random)")
     sample.set_defaults(func=_sample)

@@ -8,7 +8,6 @@ and streamed back at once, with everything the learner needs.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import io
 import time
@@ -21,6 +20,7 @@ from PIL import Image
 from rlfleet import limits
 from rlfleet.engines.base import Generation, GenerationRequest, SamplingConfig
 from rlfleet.policy.chat import ChatCodec, Encoded
+from rlfleet.policy.contexts import CONTEXTS, observation_message, turn_text
 from rlfleet.rpc.client import RpcClient
 from rlfleet.rpc.errors import InvalidArgument, NotFound, RpcError, Unavailable
 from rlfleet.v1 import (
@@ -33,8 +33,6 @@ from rlfleet.v1 import (
 )
 from rlfleet_rollout.adapters import LiveAdapter
 from rlfleet_rollout.batcher import GenerationBatcher
-
-CONTEXTS = ("full", "last_frame")
 
 
 def sampling_config(params: rollout_pb2.SamplingParams) -> SamplingConfig:
@@ -56,15 +54,9 @@ def sampling_config(params: rollout_pb2.SamplingParams) -> SamplingConfig:
     )
 
 
-def _message(image_png: bytes, text: str) -> dict:
-    url = "data:image/png;base64," + base64.b64encode(image_png).decode("ascii")
-    return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                        {"type": "text", "text": text}]}
-
-
 @dataclass
 class EpisodeBuffer:
-    """One episode's token sequence, in either context mode."""
+    """One episode's token sequence, in any context mode (rlfleet.policy.contexts)."""
 
     codec: ChatCodec
     context: str
@@ -77,7 +69,7 @@ class EpisodeBuffer:
     segment_starts: list[int] = field(default_factory=list)
     turns: list[rollout_pb2.TurnSpan] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
-    _segment_images: int = 0  # images of the current segment (last_frame)
+    _segment_images: int = 0  # images of the current segment (per-turn contexts)
 
     def _append(self, enc: Encoded, png: bytes) -> None:
         self.token_ids.extend(enc.token_ids)
@@ -88,14 +80,18 @@ class EpisodeBuffer:
 
     def start(self, observation: common_pb2.Observation) -> None:
         self.segment_starts.append(0)
-        enc = self.codec.encode_prompt([_message(observation.image.png, observation.text)])
+        # The first observation's text is the instruction, a blank line, the status.
+        status = observation.text.removeprefix(self.instruction).lstrip("\n")
+        text = observation.text if self.context == "full" else \
+            turn_text(self.context, self.instruction, status)
+        enc = self.codec.encode_prompt([observation_message(observation.image.png, text)])
         self._append(enc, observation.image.png)
         self._segment_images = len(enc.images)
 
     def request(self) -> GenerationRequest:
         start = self.segment_starts[-1]
-        images = self.images[len(self.images) - self._segment_images:] \
-            if self.context == "last_frame" else self.images
+        images = self.images if self.context == "full" else \
+            self.images[len(self.images) - self._segment_images:]
         return GenerationRequest(prompt_ids=self.token_ids[start:], images=list(images))
 
     def add_turn(self, gen: Generation, text: str) -> None:
@@ -111,14 +107,13 @@ class EpisodeBuffer:
         if self.context == "full":
             last = self.turns[-1]
             enc = self.codec.encode_observation(
-                _message(png, observation.text), self.token_ids[last.start:last.end])
+                observation_message(png, observation.text), self.token_ids[last.start:last.end])
             self._append(enc, png)
             return
-        # last_frame: a fresh sequence holding the instruction and the current frame only,
-        # worded as the first observation is (instruction, blank line, status)
+        # per-turn contexts: a fresh sequence with the current frame only
         self.segment_starts.append(len(self.token_ids))
-        text = f"{self.instruction}\n\n{observation.text}"
-        enc = self.codec.encode_prompt([_message(png, text)])
+        text = turn_text(self.context, self.instruction, observation.text)
+        enc = self.codec.encode_prompt([observation_message(png, text)])
         self._append(enc, png)
         self._segment_images = len(enc.images)
 

@@ -1,0 +1,34 @@
+"""What the policy sees each turn: the context modes shared by the rollout service (which
+builds the prompts) and SFT (which must train on exactly the same prompts).
+
+- ``full``: the whole conversation: the first observation (instruction + status + frame),
+  then each model turn and each later observation (status + frame) as deltas. One token
+  sequence per episode; VisGym/SkyRL's setting and the 8B default.
+- ``last_frame``: every turn is a fresh prompt with the instruction, the current status
+  and the current frame only; one sequence per turn.
+- ``frame_only``: like ``last_frame`` without the instruction text (the status and the
+  frame). For a small policy trained on one task, the constant instruction is pure cost:
+  about 190 of the ~290 tokens of a 7x7 ``last_frame`` prompt.
+"""
+
+from __future__ import annotations
+
+import base64
+
+CONTEXTS = ("full", "last_frame", "frame_only")
+
+
+def turn_text(context: str, instruction: str, status: str) -> str:
+    """The text that goes with the frame in a fresh per-turn prompt (or the first one)."""
+    if context not in CONTEXTS:
+        raise ValueError(f"context must be one of {CONTEXTS}, got {context!r}")
+    if context == "frame_only" or not instruction:
+        return status
+    return f"{instruction}\n\n{status}"
+
+
+def observation_message(png: bytes, text: str) -> dict:
+    """An OpenAI-style user message: the frame as a PNG data URL, then the text."""
+    url = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+    return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                        {"type": "text", "text": text}]}
