@@ -39,7 +39,7 @@ vllm-venv: venv
 run: setup
 	$(PYTHON) -m rlfleet.local.run
 
-test: setup vllm-venv
+test: setup vllm-venv helm-tools apiserver
 	$(PYTHON) -m pytest -q
 
 baseline: setup

@@ -5,6 +5,7 @@ scale); each service adds its own (`rlfleet env serve`, ...) through the
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from importlib.metadata import entry_points
 
@@ -31,16 +32,16 @@ def build_parser() -> argparse.ArgumentParser:
     health.set_defaults(func=_health)
 
     from rlfleet.conformance.cli import register as register_conformance
-    from rlfleet.sft.cli import register as register_sft
 
     register_conformance(sub)
-    register_sft(sub)
-    try:
-        from rlfleet.kube.scale import register_scale_command
-    except ImportError:  # the kube client is optional outside the deploy path
-        pass
-    else:
-        register_scale_command(sub)
+    # Optional parts: slim images (env, ckpt-sync) have neither torch nor the kube client.
+    for module, name in (("rlfleet.sft.cli", "register"),
+                         ("rlfleet.kube.scale", "register_scale_command")):
+        try:
+            register = getattr(importlib.import_module(module), name)
+        except ImportError:
+            continue
+        register(sub)
 
     for ep in sorted(entry_points(group="rlfleet.commands"), key=lambda e: e.name):
         try:

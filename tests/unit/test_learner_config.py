@@ -40,3 +40,19 @@ def test_bad_values_are_refused(bad: dict, tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(bad))
     with pytest.raises(ConfigError):
         load_config(LearnerConfig, path, env={})
+
+
+def test_deployment_environment_overrides_the_fleet_fields(tmp_path: Path) -> None:
+    from rlfleet_learner.cli import learner_config
+
+    env = {"RLFLEET_REDIS_URL": "redis://rlfleet-redis:6379/0",
+           "RLFLEET_SYNC_ADDRESS": "rlfleet-ckptsync:50053", "RLFLEET_RUN": "prod",
+           "RLFLEET_RUNS_ROOT": "/shared/runs", "RLFLEET_MODEL": "/shared/models/x"}
+    cfg = learner_config(CONFIGS / "local-tiny.yaml", env, steps=7)
+    assert cfg.run == "prod" and cfg.steps == 7
+    assert cfg.fleet.redis_url == env["RLFLEET_REDIS_URL"]
+    assert cfg.fleet.sync_address == env["RLFLEET_SYNC_ADDRESS"]
+    assert str(cfg.fleet.runs_root) == "/shared/runs"
+    assert str(cfg.model.path) == "/shared/models/x"
+    with pytest.raises(ConfigError):
+        learner_config(tmp_path / "missing.yaml", {})

@@ -10,25 +10,60 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
-from rlfleet.config import ConfigError, load_config
+import yaml
+from pydantic import ValidationError
+
+from rlfleet.config import ConfigError
 from rlfleet.logs import setup_logging
 
 log = logging.getLogger(__name__)
+
+
+# Environment variables a deployment sets (the Helm chart does) and the config fields they
+# override: the fleet's addresses belong to the deployment, not to the training recipe.
+ENV_OVERRIDES = {
+    "RLFLEET_RUN": ("run",),
+    "RLFLEET_REDIS_URL": ("fleet", "redis_url"),
+    "RLFLEET_SYNC_ADDRESS": ("fleet", "sync_address"),
+    "RLFLEET_RUNS_ROOT": ("fleet", "runs_root"),
+    "RLFLEET_MODEL": ("model", "path"),
+}
+
+
+def learner_config(path: str | Path, env: Mapping[str, str], **flags: object):  # noqa: ANN201
+    """The learner config: the YAML file, then ENV_OVERRIDES, then flags (steps, run)."""
+    from rlfleet_learner.config import LearnerConfig
+
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping")
+    for name, keys in ENV_OVERRIDES.items():
+        if env.get(name):
+            node = data
+            for key in keys[:-1]:
+                node = node.setdefault(key, {})
+            node[keys[-1]] = env[name]
+    data.update({k: v for k, v in flags.items() if v is not None})
+    try:
+        return LearnerConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid learner configuration {path}:\n{exc}") from exc
 
 
 def _run(args: argparse.Namespace) -> int:
     import ray
     from prometheus_client import start_http_server
 
-    from rlfleet_learner.config import LearnerConfig
     from rlfleet_learner.loop import Learner, NoCheckpoint
 
-    overrides = {k: v for k, v in {"steps": args.steps, "run": args.run}.items()
-                 if v is not None}
     try:
-        cfg = load_config(LearnerConfig, args.config, overrides=overrides, env={})
+        cfg = learner_config(args.config, os.environ, steps=args.steps, run=args.run)
     except ConfigError as exc:
         print(f"rlfleet learner: {exc}", file=sys.stderr)
         return 2
@@ -41,8 +76,11 @@ def _run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    if args.metrics_port is not None:
-        start_http_server(args.metrics_port, addr=args.metrics_host)
+    metrics_port = args.metrics_port
+    if metrics_port is None and os.environ.get("RLFLEET_METRICS_PORT"):
+        metrics_port = int(os.environ["RLFLEET_METRICS_PORT"])
+    if metrics_port is not None:
+        start_http_server(metrics_port, addr=os.environ.get("RLFLEET_HOST", args.metrics_host))
     address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=True)

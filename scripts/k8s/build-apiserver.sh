@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Build (once per machine) the binaries of a real, minimal Kubernetes control plane:
+#   etcd           from Debian's etcd-server package (3.4)
+#   kube-apiserver built from Debian bookworm's kubernetes source package (1.20.2)
+# There is no Docker here and no other registry, so kind/k3s/envtest binaries cannot be
+# downloaded; Debian's source package is the one route. The result is cached under
+# ${RLFLEET_CACHE:-$HOME/.cache/rlfleet}/k8s/bin and reused; a second run is a no-op.
+#
+# Prints the bin directory on stdout (last line). Exits non-zero with a reason on failure,
+# so the deploy tests fail loudly instead of skipping.
+set -euo pipefail
+
+CACHE="${RLFLEET_CACHE:-$HOME/.cache/rlfleet}"
+K8S="$CACHE/k8s"
+BIN="$K8S/bin"
+WORK="$K8S/build"
+mkdir -p "$BIN" "$WORK"
+
+log() { echo "[build-apiserver] $*" >&2; }
+
+have_apiserver() { [ -x "$BIN/kube-apiserver" ] && "$BIN/kube-apiserver" --version >/dev/null 2>&1; }
+have_etcd() { [ -x "$BIN/etcd" ] && "$BIN/etcd" --version >/dev/null 2>&1; }
+
+# One build at a time per machine (parallel test sessions, make -j).
+exec 9>"$K8S/.lock"
+flock 9
+
+apt_install() {
+  local missing=()
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" != 0 ]; then
+    log "need Debian packages ${missing[*]} (run as root, or: sudo apt-get install ${missing[*]})"
+    exit 1
+  fi
+  log "apt-get install ${missing[*]}"
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >&2; then
+    apt-get update >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >&2
+  fi
+}
+
+if ! have_etcd; then
+  apt_install etcd-server
+  ln -sf "$(command -v etcd || echo /usr/bin/etcd)" "$BIN/etcd"
+  have_etcd || { log "etcd not usable after install"; exit 1; }
+fi
+
+if have_apiserver; then
+  echo "$BIN"
+  exit 0
+fi
+
+apt_install golang-go rsync dpkg-dev golang-github-modern-go-reflect2-dev make gcc libc6-dev
+
+# deb-src lines in a private APT configuration: the system's sources are left untouched.
+# They mirror the system's own deb entries (same mirror, same suites) as deb-src.
+APTD="$WORK/apt"
+mkdir -p "$APTD/lists/partial" "$APTD/archives/partial" "$APTD/sources.list.d"
+: > "$APTD/sources.list"
+for f in /etc/apt/sources.list.d/*.sources; do
+  [ -e "$f" ] || continue
+  sed -e 's/^Types:.*/Types: deb-src/' "$f" > "$APTD/sources.list.d/$(basename "$f")"
+done
+if [ -f /etc/apt/sources.list ]; then
+  sed -n 's/^deb \(.*\)/deb-src \1/p' /etc/apt/sources.list > "$APTD/sources.list"
+fi
+if ! ls "$APTD"/sources.list.d/*.sources >/dev/null 2>&1 && [ ! -s "$APTD/sources.list" ]; then
+  echo "deb-src http://deb.debian.org/debian bookworm main" > "$APTD/sources.list"
+fi
+APTOPTS=(-o "Dir::Etc::SourceList=$APTD/sources.list" -o "Dir::Etc::SourceParts=$APTD/sources.list.d"
+         -o "Dir::State::Lists=$APTD/lists" -o "Dir::Cache::archives=$APTD/archives"
+         -o "APT::Sandbox::User=root")
+
+SRC=$(ls -d "$WORK"/kubernetes-*/ 2>/dev/null | head -1 || true)
+if [ -z "$SRC" ] || [ ! -f "$SRC/Makefile" ]; then
+  log "fetching Debian's kubernetes source package"
+  apt-get "${APTOPTS[@]}" update >&2
+  rm -rf "$WORK"/kubernetes*
+  (cd "$WORK" && apt-get "${APTOPTS[@]}" source --download-only kubernetes >&2 \
+    && dpkg-source --no-check -x kubernetes_*.dsc >&2)
+  SRC=$(ls -d "$WORK"/kubernetes-*/ | head -1)
+fi
+SRC=${SRC%/}
+log "source: $SRC"
+
+# Vendored reflect2 (2019) crashes on Go >= 1.18 (it reads runtime internals); Debian's
+# packaged copy is fixed. Swap it in.
+R2=/usr/share/gocode/src/github.com/modern-go/reflect2
+if [ -d "$SRC/vendor/github.com/modern-go/reflect2" ] && [ -d "$R2" ]; then
+  rsync -a --delete --exclude '*_test.go' --exclude 'go.mod' --exclude 'go.sum' \
+    "$R2/" "$SRC/vendor/github.com/modern-go/reflect2/"
+fi
+
+log "building kube-apiserver (about 7 minutes on 2 cores, once per machine)"
+export GOCACHE="$WORK/gocache" GOPATH="$WORK/gopath" GOFLAGS=-mod=vendor GO111MODULE=on
+export GOTOOLCHAIN=local KUBE_VERBOSE=0
+(cd "$SRC" && make WHAT=cmd/kube-apiserver >&2)
+OUT=$(find "$SRC/_output" -type f -name kube-apiserver -perm -u+x | head -1)
+[ -n "$OUT" ] || { log "build produced no kube-apiserver binary"; exit 1; }
+cp "$OUT" "$BIN/kube-apiserver.tmp" && mv "$BIN/kube-apiserver.tmp" "$BIN/kube-apiserver"
+have_apiserver || { log "built kube-apiserver does not run"; exit 1; }
+"$BIN/kube-apiserver" --version >&2
+# The source tree, tarballs and Go build cache are ~2 GB; the binary is all that is needed.
+rm -rf "$WORK"
+echo "$BIN"

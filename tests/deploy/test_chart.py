@@ -1,0 +1,371 @@
+"""The Helm chart with a real helm binary: lint, render both profiles, validate every
+rendered object offline (strict Kubernetes 1.33 schemas + this repo's CRD schemas), and
+check what the chart promises (probes, GPUs, secrets, labels, swap, dashboard)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlfleet.kube.manifests import Validator
+
+from .conftest import CHART, CRDS, HYPERPOD, LOCAL, ROOT, Rendered
+
+pytestmark = pytest.mark.deploy
+
+PROFILES = {"hyperpod": HYPERPOD, "local": LOCAL, "defaults": None}
+RECOMMENDED = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "app.kubernetes.io/managed-by",
+)
+
+
+@pytest.fixture(scope="module")
+def validator() -> Validator:
+    return Validator("1.33.0", CRDS)
+
+
+def pod_specs(r: Rendered) -> list[tuple[str, dict[str, Any]]]:
+    """(owner, pod template) of every workload, RayJob groups and submitter included."""
+    out = []
+    for o in r.objects:
+        name = f"{o['kind']}/{o['metadata']['name']}"
+        if o["kind"] in ("Deployment", "StatefulSet"):
+            out.append((name, o["spec"]["template"]))
+        elif o["kind"] == "RayJob":
+            spec = o["spec"]
+            out.append((name + "#head", spec["rayClusterSpec"]["headGroupSpec"]["template"]))
+            for g in spec["rayClusterSpec"].get("workerGroupSpecs", []):
+                out.append((name + "#" + g["groupName"], g["template"]))
+            if "submitterPodTemplate" in spec:
+                out.append((name + "#submitter", spec["submitterPodTemplate"]))
+    return out
+
+
+def container(template: dict[str, Any], name: str | None = None) -> dict[str, Any]:
+    cs = template["spec"]["containers"]
+    return cs[0] if name is None else next(c for c in cs if c["name"] == name)
+
+
+def env_of(c: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e for e in c.get("env", [])}
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_lint_strict(helm: str, profile: str) -> None:
+    argv = [helm, "lint", "--strict", str(CHART)]
+    if PROFILES[profile]:
+        argv += ["-f", str(PROFILES[profile])]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_every_rendered_object_validates_offline(
+    render, validator: Validator, profile: str
+) -> None:
+    r = render(PROFILES[profile])
+    assert r.objects
+    problems = validator.validate_all(r.objects)
+    assert not problems, "\n".join(map(str, problems))
+
+
+def test_hyperpod_renders_the_whole_fleet(render) -> None:
+    r = render(HYPERPOD)
+    kinds = {o["kind"] for o in r.objects}
+    assert {
+        "Deployment",
+        "Service",
+        "StatefulSet",
+        "Secret",
+        "PersistentVolumeClaim",
+        "ConfigMap",
+        "RayJob",
+        "ServiceMonitor",
+        "PodMonitor",
+        "NetworkPolicy",
+        "ServiceAccount",
+    } <= kinds
+    deployments = {o["metadata"]["name"] for o in r.of_kind("Deployment")}
+    assert deployments == {"rlfleet-reward-task", "rlfleet-rollout", "rlfleet-ckptsync"}
+    assert {o["metadata"]["name"] for o in r.of_kind("ServiceMonitor")} == {
+        "rlfleet-reward",
+        "rlfleet-rollout",
+        "rlfleet-ckptsync",
+    }
+
+
+def test_no_unknown_kind_escapes_validation(validator: Validator) -> None:
+    bogus = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
+    problems = validator.validate(bogus)
+    assert problems and "unknown kind Widget" in problems[0].message
+
+
+def test_validator_rejects_unknown_fields_in_custom_resources(render, validator: Validator) -> None:
+    r = render(HYPERPOD)
+    job = json.loads(json.dumps(r.get("RayJob", "rlfleet-learner")))
+    job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0][
+        "resourcez"
+    ] = {}
+    job["spec"]["entrypointz"] = "x"
+    msgs = " | ".join(p.message for p in validator.validate(job))
+    assert "resourcez" in msgs and "entrypointz" in msgs
+
+
+def test_crd_schemas_are_generated_from_gen_crds() -> None:
+    sys.path.insert(0, str(ROOT / "deploy" / "schemas"))
+    try:
+        import gen_crds  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    for name, text in gen_crds.render().items():
+        assert (CRDS / name).read_text() == text, f"{name} is stale: run deploy/schemas/gen_crds.py"
+
+
+def test_hpa_on_active_episodes_validates(render, validator: Validator) -> None:
+    r = render(HYPERPOD, "rollout.autoscaling.enabled=true")
+    (hpa,) = r.of_kind("HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    metric = hpa["spec"]["metrics"][0]
+    assert metric["type"] == "Pods"
+    assert metric["pods"]["metric"]["name"] == "rlfleet_rollout_active_episodes"
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "rlfleet-rollout"
+    assert not validator.validate(hpa)
+    # With the HPA on, the Deployment starts at minReplicas.
+    assert r.get("Deployment", "rlfleet-rollout")["spec"]["replicas"] == 2
+
+
+@pytest.mark.parametrize("profile", ["hyperpod", "local"])
+def test_labels_security_resources_and_shared_volume(render, profile: str) -> None:
+    r = render(PROFILES[profile])
+    for o in r.objects:
+        labels = o["metadata"].get("labels", {})
+        missing = [k for k in RECOMMENDED if k not in labels]
+        assert not missing, f"{o['kind']}/{o['metadata']['name']} lacks labels {missing}"
+    for owner, tpl in pod_specs(r):
+        spec = tpl["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True, owner
+        assert spec["securityContext"]["runAsUser"] != 0, owner
+        assert spec.get("automountServiceAccountToken") is False, owner
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, owner
+            assert sc["capabilities"]["drop"] == ["ALL"], owner
+            assert c["resources"].get("requests") and c["resources"].get("limits"), owner
+            for p in c.get("ports", []):
+                assert p["protocol"] == "TCP", (owner, p)  # server-side apply on 1.20
+        if "redis" not in owner and "submitter" not in owner:
+            mounts = {
+                m["mountPath"]: m["name"]
+                for c in spec["containers"]
+                for m in c.get("volumeMounts", [])
+            }
+            assert mounts.get("/shared") == "shared", owner
+            claim = next(v for v in spec["volumes"] if v["name"] == "shared")
+            assert claim["persistentVolumeClaim"]["claimName"] == "rlfleet-shared"
+    for svc in r.of_kind("Service"):
+        for p in svc["spec"]["ports"]:
+            assert p["protocol"] == "TCP", svc["metadata"]["name"]
+
+
+def test_shared_claim_is_rwx_on_fsx(render) -> None:
+    pvc = render(HYPERPOD).get("PersistentVolumeClaim", "rlfleet-shared")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["spec"]["storageClassName"] == "fsx-sc"
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    r = render(HYPERPOD, "shared.existingClaim=my-fsx")
+    assert not r.of_kind("PersistentVolumeClaim")
+    for _, tpl in pod_specs(r):
+        vols = {v["name"]: v for v in tpl["spec"].get("volumes", [])}
+        if "shared" in vols:
+            assert vols["shared"]["persistentVolumeClaim"]["claimName"] == "my-fsx"
+
+
+def test_every_service_gets_redis_password_and_auth_token_from_secrets(render) -> None:
+    r = render(HYPERPOD)
+    for owner, tpl in pod_specs(r):
+        if "submitter" in owner:
+            continue
+        env = env_of(container(tpl))
+        if "redis" not in owner:
+            assert env["RLFLEET_HOST"]["value"] == "0.0.0.0", owner
+        ref = env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "rlfleet-redis", "key": "password"}, owner
+        if "redis" not in owner:
+            ref = env["RLFLEET_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
+            assert ref == {"name": "rlfleet-auth", "key": "token"}, owner
+    for name in ("rlfleet-redis", "rlfleet-auth"):
+        assert r.get("Secret", name)["data"]
+    # Existing secrets: none generated, references follow.
+    r = render(HYPERPOD, "redis.auth.existingSecret=my-redis", "auth.existingSecret=my-auth")
+    assert not r.of_kind("Secret")
+    env = env_of(container(r.get("Deployment", "rlfleet-rollout")["spec"]["template"]))
+    assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "my-redis"
+    assert env["RLFLEET_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "my-auth"
+
+
+def test_redis_password_never_on_a_command_line(render) -> None:
+    sts = render(HYPERPOD).get("StatefulSet", "rlfleet-redis")
+    c = container(sts["spec"]["template"])
+    assert "requirepass" not in " ".join(c["command"])
+    assert "$REDIS_PASSWORD" not in " ".join(c["command"])
+    assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"]
+    local = render(LOCAL).get("StatefulSet", "rlfleet-redis")
+    assert "volumeClaimTemplates" not in local["spec"]
+
+
+def test_rollout_is_ready_only_when_its_adapter_is_loaded(render) -> None:
+    dep = render(HYPERPOD).get("Deployment", "rlfleet-rollout")
+    c = container(dep["spec"]["template"])
+    assert c["readinessProbe"]["exec"]["command"] == ["rlfleet", "health", "127.0.0.1:50052"]
+    # Liveness must not restart a replica that is only loading its adapter.
+    assert "exec" not in c["livenessProbe"]
+    assert c["command"] == ["rlfleet", "rollout", "serve"]
+    args = c["args"]
+    assert args[args.index("--port") + 1] == "50052"
+    assert args[args.index("--metrics-port") + 1] == "9102"
+    assert args[args.index("--env-address") + 1] == "rlfleet-reward:50051"
+    assert args[args.index("--engine") + 1] == "vllm"
+
+
+def test_rollout_and_learner_placement_on_hyperpod(render) -> None:
+    r = render(HYPERPOD)
+    dep = r.get("Deployment", "rlfleet-rollout")
+    spec = dep["spec"]["template"]["spec"]
+    assert dep["spec"]["replicas"] == 4
+    assert spec["nodeSelector"] == {"node.kubernetes.io/instance-type": "ml.g7e.12xlarge"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    res = container(dep["spec"]["template"])["resources"]
+    assert res["limits"]["nvidia.com/gpu"] == "1" and res["requests"]["nvidia.com/gpu"] == "1"
+
+    job = r.get("RayJob", "rlfleet-learner")
+    assert job["apiVersion"] == "ray.io/v1"
+    assert job["spec"]["entrypoint"] == "rlfleet learner run --config /etc/rlfleet/learner.yaml"
+    head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head["nodeSelector"] == {"node.kubernetes.io/instance-type": "ml.r5d.16xlarge"}
+    assert "nvidia.com/gpu" not in json.dumps(head)
+    (workers,) = job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    wspec = workers["template"]["spec"]
+    assert wspec["nodeSelector"] == {"node.kubernetes.io/instance-type": "ml.g7e.12xlarge"}
+    assert container(workers["template"])["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert any(t["key"] == "nvidia.com/gpu" for t in wspec["tolerations"])
+    # 4 rollout GPUs + 2 learner GPUs = the 6 GPUs of 3× ml.g7e.12xlarge.
+    assert dep["spec"]["replicas"] * 1 + workers["replicas"] * 1 == 6
+    mounts = {m["mountPath"] for m in container(workers["template"])["volumeMounts"]}
+    assert "/etc/rlfleet" in mounts
+
+
+def test_learner_config_comes_from_values_or_a_file(render, helm: str, tmp_path: Path) -> None:
+    cm = render(HYPERPOD).get("ConfigMap", "rlfleet-learner")
+    assert "qwen3vl8b-maze" in cm["data"]["learner.yaml"]
+    cfg = tmp_path / "learner.yaml"
+    cfg.write_text("run: from-file\nlora_rank: 32\n")
+    r = render(HYPERPOD, extra=["--set-file", f"learner.configFile={cfg}"])
+    assert (
+        r.get("ConfigMap", "rlfleet-learner")["data"]["learner.yaml"].strip()
+        == cfg.read_text().strip()
+    )
+
+
+def test_reward_swap_changes_only_the_stable_service(render) -> None:
+    a = render(HYPERPOD)
+    b = render(HYPERPOD, "reward.selected=format-task")
+    assert a.get("Service", "rlfleet-reward")["spec"]["selector"]["rlfleet.io/reward"] == "task"
+    assert (
+        b.get("Service", "rlfleet-reward")["spec"]["selector"]["rlfleet.io/reward"] == "format-task"
+    )
+    dep = b.get("Deployment", "rlfleet-reward-format-task")
+    c = container(dep["spec"]["template"])
+    assert c["args"] == ["--reward", "format+task"]
+    assert c["command"][:3] == ["rlfleet", "env", "serve"]
+    # The learner and the rollout replicas are untouched by the swap (secrets aside,
+    # which are random per `helm template` and kept live by lookup on upgrade).
+    for kind, name in [
+        ("RayJob", "rlfleet-learner"),
+        ("Deployment", "rlfleet-rollout"),
+        ("ConfigMap", "rlfleet-learner"),
+        ("Deployment", "rlfleet-ckptsync"),
+    ]:
+        assert a.get(kind, name) == b.get(kind, name), f"{kind}/{name} changed on a reward swap"
+    for _, tpl in pod_specs(a):
+        env = env_of(container(tpl))
+        if "RLFLEET_ENV_ADDRESS" in env:
+            assert env["RLFLEET_ENV_ADDRESS"]["value"] == "rlfleet-reward:50051"
+
+
+def test_network_policies_cover_every_component(render) -> None:
+    r = render(HYPERPOD)
+    pols = {p["metadata"]["name"]: p for p in r.of_kind("NetworkPolicy")}
+    assert pols["rlfleet-default-deny"]["spec"]["policyTypes"] == ["Ingress"]
+    assert "ingress" not in pols["rlfleet-default-deny"]["spec"]
+
+    def allowed(policy: str, port: int) -> set[str]:
+        comps = set()
+        for rule in pols[policy]["spec"]["ingress"]:
+            if rule.get("ports") and port not in [p["port"] for p in rule["ports"]]:
+                continue
+            for peer in rule.get("from", []):
+                comp = (
+                    peer.get("podSelector", {})
+                    .get("matchLabels", {})
+                    .get("app.kubernetes.io/component")
+                )
+                if comp:
+                    comps.add(comp)
+        return comps
+
+    assert allowed("rlfleet-reward", 50051) == {"rollout", "learner"}
+    assert allowed("rlfleet-rollout", 50052) == {"learner", "ckptsync"}
+    assert allowed("rlfleet-ckptsync", 50053) == {"learner", "rollout"}
+    assert allowed("rlfleet-redis", 6379) == {"rollout", "ckptsync", "learner"}
+    assert "reward" not in allowed("rlfleet-redis", 6379)
+
+
+def test_dashboard_configmap_has_every_panel(render) -> None:
+    cm = render(HYPERPOD).get("ConfigMap", "rlfleet-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dash = json.loads(cm["data"]["rlfleet.json"])
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    for metric in (
+        "rlfleet_learner_reward_mean",
+        "rlfleet_learner_eval_solve_rate",
+        "rlfleet_rollout_trajectories_total",
+        "rlfleet_rollout_tokens_total",
+        "rlfleet_learner_staleness",
+        "rlfleet_sync_publish_to_live_seconds_bucket",
+        "rlfleet_rollout_adapter_version",
+        "rlfleet_rollout_active_episodes",
+    ):
+        assert metric in exprs, metric
+    assert "by (replica)" in exprs
+    assert "histogram_quantile(0.95" in exprs
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_monitors_scrape_the_metrics_ports(render) -> None:
+    r = render(HYPERPOD)
+    for sm in r.of_kind("ServiceMonitor"):
+        assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+        assert sm["spec"]["selector"]["matchLabels"]["rlfleet.io/scrape"] == "true"
+    ports = {
+        s["metadata"]["name"]: {p["name"]: p["port"] for p in s["spec"]["ports"]}
+        for s in r.of_kind("Service")
+    }
+    assert ports["rlfleet-reward-task"]["metrics"] == 9101
+    assert ports["rlfleet-rollout"]["metrics"] == 9102
+    assert ports["rlfleet-ckptsync"]["metrics"] == 9103
+    pm = r.get("PodMonitor", "rlfleet-learner")
+    assert {e["port"] for e in pm["spec"]["podMetricsEndpoints"]} == {"learner-metrics", "metrics"}
