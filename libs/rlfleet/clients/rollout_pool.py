@@ -18,6 +18,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import grpc
+import redis
 from prometheus_client import Counter
 
 from rlfleet.registry import ReplicaRegistry, connect
@@ -77,6 +78,7 @@ class RolloutPool:
         self.wait_for_replicas_s = wait_for_replicas_s
         self._clients: dict[str, RpcClient] = {}
         self._inflight: dict[str, int] = {}
+        self._last_live: list[Replica] = []  # the registry's last answer (Redis outages)
         self._lock = threading.Lock()
 
     # -- replicas --------------------------------------------------------------------
@@ -84,8 +86,16 @@ class RolloutPool:
     def replicas(self) -> list[Replica]:
         """Live replicas, least loaded first (ties in random order)."""
         if self.registry is not None:
-            live = [Replica(r.replica_id, r.address, r.active_episodes)
-                    for r in self.registry.live() if self.run is None or r.run == self.run]
+            try:
+                live = [Replica(r.replica_id, r.address, r.active_episodes)
+                        for r in self.registry.live() if self.run is None or r.run == self.run]
+                self._last_live = [Replica(r.replica_id, r.address, r.load) for r in live]
+            except redis.RedisError as exc:
+                # The registry is down (restarting), not the replicas: keep sending work to
+                # the replicas it last listed; one that died meanwhile fails and is retried.
+                log.warning("replica registry unreachable; using the last known replicas",
+                            extra={"error": repr(exc), "replicas": len(self._last_live)})
+                live = [Replica(r.replica_id, r.address, r.load) for r in self._last_live]
         else:
             live = [Replica(a, a, 0) for a in self.static]
         with self._lock:

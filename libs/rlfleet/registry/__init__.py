@@ -7,7 +7,8 @@ replicas re-register on their next heartbeat, so a flushed or restarted Redis he
 """
 
 from rlfleet.registry.adapters import AdapterRecord, AdapterRegistry
-from rlfleet.registry.connection import connect
+from rlfleet.registry.connection import connect, verify_credentials
 from rlfleet.registry.replicas import ReplicaInfo, ReplicaRegistry
 
-__all__ = ["AdapterRecord", "AdapterRegistry", "ReplicaInfo", "ReplicaRegistry", "connect"]
+__all__ = ["AdapterRecord", "AdapterRegistry", "ReplicaInfo", "ReplicaRegistry", "connect",
+           "verify_credentials"]

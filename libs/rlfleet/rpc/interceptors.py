@@ -129,7 +129,7 @@ class ErrorsAndMetricsInterceptor(grpc.ServerInterceptor):
 
         def fail(exc: Exception, context: grpc.ServicerContext) -> None:
             if isinstance(exc, RpcError):
-                context.abort(exc.code, exc.message)
+                context.abort(exc.code, bounded_details(exc.message))
             log.exception("unhandled error in %s/%s", service, method)
             context.abort(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})")
 
@@ -139,9 +139,15 @@ class ErrorsAndMetricsInterceptor(grpc.ServerInterceptor):
 
         def on_error(exc: Exception, start: float, context: grpc.ServicerContext) -> None:
             """Records the call and turns the exception into a status; always raises."""
-            if isinstance(exc, grpc.RpcError):  # the client went away mid-stream
-                record(start, grpc.StatusCode.CANCELLED)
-                raise exc
+            if isinstance(exc, grpc.RpcError):
+                if not context.is_active():  # the client went away mid-stream
+                    record(start, grpc.StatusCode.CANCELLED)
+                    raise exc
+                # an outgoing call to a peer failed: this service cannot answer now
+                code = exc.code() if callable(getattr(exc, "code", None)) else None
+                name = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+                record(start, grpc.StatusCode.UNAVAILABLE)
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"a peer service failed: {name}")
             if _is_abort(exc):  # the handler already chose a status
                 record(start, final_code(context))
                 raise exc
@@ -175,6 +181,19 @@ class ErrorsAndMetricsInterceptor(grpc.ServerInterceptor):
             return unary
 
         return _replace_behaviour(handler, wrap)
+
+
+# Status details travel percent-encoded in a trailer; clients drop trailers over 8-16 KiB
+# and report RESOURCE_EXHAUSTED instead of the real status. Messages that quote a client's
+# oversized input (a 10 KiB run name) are cut well below that.
+MAX_DETAILS_BYTES = 1024
+
+
+def bounded_details(message: str) -> str:
+    data = message.encode("utf-8", "replace")
+    if len(data) <= MAX_DETAILS_BYTES:
+        return message
+    return data[:MAX_DETAILS_BYTES].decode("utf-8", "ignore") + "... (truncated)"
 
 
 def _is_abort(exc: Exception) -> bool:

@@ -60,6 +60,7 @@ def _run(args: argparse.Namespace) -> int:
     import ray
     from prometheus_client import start_http_server
 
+    from rlfleet.storage import PathOutsideRunsRoot
     from rlfleet_learner.loop import Learner, NoCheckpoint
 
     try:
@@ -91,7 +92,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         learner = Learner(cfg, resume=args.resume, stop=stop)
         summary = learner.run()
-    except NoCheckpoint as exc:
+    except (NoCheckpoint, PathOutsideRunsRoot) as exc:
         print(f"rlfleet learner: {exc}", file=sys.stderr)
         return 2
     finally:

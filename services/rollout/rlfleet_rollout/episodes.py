@@ -234,8 +234,11 @@ class GroupPlayer:
     def _finish(self, request: rollout_pb2.GroupRequest, spec: common_pb2.TaskSpec,
                 episodes: list[Episode], adapter: LiveAdapter, context: str,
                 queued_s: float) -> Iterator[rollout_pb2.Trajectory]:
-        self.env.call(env_pb2_grpc.EnvServiceStub, "Close",
-                      env_pb2.CloseRequest(episode_ids=[e.episode_id for e in episodes]))
+        try:
+            self.env.call(env_pb2_grpc.EnvServiceStub, "Close",
+                          env_pb2.CloseRequest(episode_ids=[e.episode_id for e in episodes]))
+        except grpc.RpcError:
+            pass  # the episodes are finished; the env expires what it could not close
         t0 = time.perf_counter()
         try:
             scored = self.reward.call(

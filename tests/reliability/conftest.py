@@ -1,0 +1,270 @@
+"""The fleet as real processes for fault-injection tests: Redis, env/reward service(s),
+ckpt-sync and rollout replicas on loopback, with fixed ports so that a killed process can
+come back at the same address (as a Kubernetes Service keeps its address)."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+
+from rlfleet.local.procs import Proc, ProcessGroup, free_port, rlfleet_argv
+from rlfleet.local.redis import start_redis
+from rlfleet.rpc import RpcClient
+from rlfleet.rpc.health import check
+from rlfleet.storage import AdapterManifest, RunsRoot, publish_adapter_dir
+from rlfleet.v1 import (
+    common_pb2,
+    env_pb2,
+    env_pb2_grpc,
+    reward_pb2,
+    reward_pb2_grpc,
+    rollout_pb2,
+    rollout_pb2_grpc,
+    sync_pb2,
+    sync_pb2_grpc,
+)
+
+Rollout = rollout_pb2_grpc.RolloutServiceStub
+Sync = sync_pb2_grpc.SyncServiceStub
+
+# (service stub, method, request type, server streaming)
+METHODS = {
+    "EnvService/Open": (env_pb2_grpc.EnvServiceStub, env_pb2.OpenRequest, False),
+    "EnvService/Step": (env_pb2_grpc.EnvServiceStub, env_pb2.StepRequest, False),
+    "EnvService/Close": (env_pb2_grpc.EnvServiceStub, env_pb2.CloseRequest, False),
+    "EnvService/ListTasks": (env_pb2_grpc.EnvServiceStub, env_pb2.ListTasksRequest, False),
+    "RewardService/Score": (reward_pb2_grpc.RewardServiceStub, reward_pb2.ScoreRequest, False),
+    "RewardService/Info": (reward_pb2_grpc.RewardServiceStub, reward_pb2.RewardInfoRequest,
+                           False),
+    "RolloutService/RolloutGroup": (rollout_pb2_grpc.RolloutServiceStub,
+                                    rollout_pb2.GroupRequest, True),
+    "RolloutService/GetStatus": (rollout_pb2_grpc.RolloutServiceStub, rollout_pb2.StatusRequest,
+                                 False),
+    "SyncService/Publish": (sync_pb2_grpc.SyncServiceStub, sync_pb2.PublishRequest, False),
+    "SyncService/GetLatest": (sync_pb2_grpc.SyncServiceStub, sync_pb2.GetLatestRequest, False),
+    "SyncService/WaitForReplicas": (sync_pb2_grpc.SyncServiceStub,
+                                    sync_pb2.WaitForReplicasRequest, False),
+    "SyncService/Acknowledge": (sync_pb2_grpc.SyncServiceStub, sync_pb2.AcknowledgeRequest,
+                                False),
+}
+
+_LORA_CACHE: dict[tuple[str, int], dict[str, bytes]] = {}
+
+
+def lora_files(model_dir: Path, seed: int) -> dict[str, bytes]:
+    """A real LoRA adapter for the tiny policy (built once per seed per session)."""
+    from tests.factories import tiny_lora_files
+
+    key = (str(model_dir), seed)
+    if key not in _LORA_CACHE:
+        _LORA_CACHE[key] = tiny_lora_files(model_dir, seed)
+    return _LORA_CACHE[key]
+
+
+def group(seed: int = 1_000_001, g: int = 2, turns: int = 3, key: str | None = None,
+          min_version: int = 0, max_new_tokens: int = 3) -> rollout_pb2.GroupRequest:
+    return rollout_pb2.GroupRequest(
+        task=common_pb2.TaskSpec(task="maze_2d", seed=seed, size=7, max_turns=turns),
+        group_size=g,
+        sampling=rollout_pb2.SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens),
+        idempotency_key=key or uuid.uuid4().hex, min_adapter_version=min_version)
+
+
+def assert_exactly_once(requests: Iterable[rollout_pb2.GroupRequest],
+                        results: Iterable[tuple[rollout_pb2.GroupRequest,
+                                                list[rollout_pb2.Trajectory]]]) -> int:
+    """Every request came back once, with every index once; returns the trajectory count."""
+    wanted = {r.idempotency_key: r.group_size for r in requests}
+    got: dict[str, list[int]] = {}
+    for request, trajectories in results:
+        assert request.idempotency_key not in got, "a group came back twice"
+        assert {t.idempotency_key for t in trajectories} == {request.idempotency_key}
+        got[request.idempotency_key] = [t.index for t in trajectories]
+    assert set(got) == set(wanted), "a group is missing"
+    for key, indices in got.items():
+        assert indices == list(range(wanted[key])), f"group {key}: indices {indices}"
+    return sum(len(v) for v in got.values())
+
+
+def metric_total(name: str) -> float:
+    """Sum of a counter in this (the test's) process, e.g. the pool's retries."""
+    from prometheus_client import REGISTRY
+
+    return sum(sample.value for metric in REGISTRY.collect() if metric.name == name
+               for sample in metric.samples if sample.name.endswith("_total"))
+
+
+def wait_until(what: str, predicate: Callable[[], object], timeout_s: float = 60.0,
+               period_s: float = 0.1) -> object:
+    """Polls `predicate` until truthy (returns its value); fails the test after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - the condition may not be checkable yet
+            last_exc = exc
+        time.sleep(period_s)
+    raise AssertionError(f"timed out waiting for {what} (last error: {last_exc!r})")
+
+
+@dataclass
+class Fleet:
+    procs: ProcessGroup
+    root: RunsRoot
+    run: str
+    model_dir: Path
+    redis_url: str = ""
+    redis: Proc | None = None
+    redis_port: int = 0
+    envs: dict[str, Proc] = field(default_factory=dict)
+    sync: Proc | None = None
+    sync_port: int = 0
+    replicas: dict[str, Proc] = field(default_factory=dict)
+
+    # -- processes -------------------------------------------------------------------
+
+    def start_redis(self, name: str = "redis", password: str | None = None) -> Proc:
+        self.redis_port = self.redis_port or free_port()
+        self.redis, self.redis_url = start_redis(self.procs, port=self.redis_port, name=name,
+                                                 password=password)
+        return self.redis
+
+    def start_env(self, name: str = "env", port: int | None = None, *extra: str,
+                  env: dict[str, str] | None = None) -> Proc:
+        port = port or free_port()
+        metrics = free_port()
+        proc = self.procs.start_service(
+            name, rlfleet_argv("env", "serve", "--port", str(port), "--metrics-port",
+                               str(metrics), *extra), f"127.0.0.1:{port}", env=env)
+        proc.extra["port"], proc.extra["metrics_port"] = port, metrics
+        self.envs[name] = proc
+        return proc
+
+    @property
+    def env(self) -> Proc:
+        return next(iter(self.envs.values()))
+
+    def start_sync(self, name: str = "ckptsync", *extra: str,
+                   env: dict[str, str] | None = None) -> Proc:
+        self.sync_port = self.sync_port or free_port()
+        metrics = free_port()
+        self.sync = self.procs.start_service(
+            name, rlfleet_argv("ckptsync", "serve", "--port", str(self.sync_port),
+                               "--metrics-port", str(metrics), "--redis-url", self.redis_url,
+                               "--runs-root", str(self.root.root), *extra),
+            f"127.0.0.1:{self.sync_port}", env=env)
+        self.sync.extra["metrics_port"] = metrics
+        return self.sync
+
+    def start_replicas(self, names: Iterable[str], *extra: str, env_address: str = "",
+                       env: dict[str, str] | None = None, registry: bool = True,
+                       env_addresses: dict[str, str] | None = None,
+                       timeout_s: float = 240.0) -> list[Proc]:
+        """Starts several replicas at once (they load the model in parallel) and waits
+        until every one is SERVING. `env_addresses` gives some replicas their own env."""
+        started = []
+        for name in names:
+            port, metrics = free_port(), free_port()
+            argv = rlfleet_argv(
+                "rollout", "serve", "--port", str(port), "--metrics-port", str(metrics),
+                "--model", str(self.model_dir),
+                "--env-address",
+                (env_addresses or {}).get(name) or env_address or self.env.address,
+                "--run", self.run, "--replica-id", name, "--runs-root", str(self.root.root),
+                "--heartbeat-s", "0.5", "--heartbeat-ttl-s", "3",
+                *(["--redis-url", self.redis_url] if registry and self.redis_url else []),
+                *(["--sync-address", self.sync.address] if self.sync else []), *extra)
+            proc = self.procs.start(name, argv, env=env, address=f"127.0.0.1:{port}")
+            proc.extra["metrics_port"] = metrics
+            started.append(proc)
+        deadline = time.monotonic() + timeout_s
+        for proc in started:
+            while check(proc.address or "", timeout_s=1.0) != "SERVING":
+                if not proc.alive or time.monotonic() > deadline:
+                    raise RuntimeError(f"{proc.name} did not start:\n{proc.log_tail()}")
+                time.sleep(0.2)
+            self.replicas[proc.name] = proc
+        return started
+
+    def close(self) -> None:
+        """Stops clients of Redis before Redis (a replica's last heartbeat removal would
+        otherwise wait out the Redis client's retries), then everything else."""
+        for proc in [*self.replicas.values(), *([self.sync] if self.sync else []),
+                     *self.envs.values()]:
+            self.procs.stop(proc, grace_s=5)
+        self.procs.stop_all(grace_s=5)
+
+    # -- calls -----------------------------------------------------------------------
+
+    def sync_client(self, **kwargs: object) -> RpcClient:
+        assert self.sync is not None
+        return RpcClient(self.sync.address, timeout_s=30, **kwargs)
+
+    def write_version(self, version: int, seed: int | None = None) -> AdapterManifest:
+        """Writes a real adapter version to /shared (what the learner does)."""
+        return publish_adapter_dir(self.root, self.run, version,
+                                   lora_files(self.model_dir, seed if seed is not None
+                                              else version), base_model="tiny", step=version)
+
+    def publish(self, version: int, seed: int | None = None) -> AdapterManifest:
+        """Writes a version and announces it through ckpt-sync."""
+        manifest = self.write_version(version, seed)
+        self.sync_client().call(Sync, "Publish", sync_pb2.PublishRequest(
+            adapter=common_pb2.AdapterRef(run=self.run, version=version)))
+        return manifest
+
+    def wait_replicas(self, version: int, n: int, timeout_s: float = 60) -> list[str]:
+        reply = self.sync_client().call(Sync, "WaitForReplicas", sync_pb2.WaitForReplicasRequest(
+            run=self.run, version=version, min_replicas=n, timeout_s=timeout_s),
+            timeout_s=timeout_s + 10)
+        return list(reply.replica_ids)
+
+    @staticmethod
+    def status(proc: Proc) -> rollout_pb2.ReplicaStatus:
+        return RpcClient(proc.address or "", timeout_s=5).call(
+            Rollout, "GetStatus", rollout_pb2.StatusRequest())
+
+
+@pytest.fixture
+def fleet(procs: ProcessGroup, tmp_path: Path, tiny_model_dir: Path) -> Iterator[Fleet]:
+    root = RunsRoot(tmp_path / "runs")
+    root.root.mkdir(parents=True, exist_ok=True)
+    fleet = Fleet(procs, root, "rel", tiny_model_dir)
+    yield fleet
+    fleet.close()
+
+
+def metrics_text(port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+
+def metric_value(port: int, name: str, labels: str = "") -> float:
+    """One sample of a process's /metrics, e.g. ("rlfleet_x_total", 'outcome="refused"');
+    0 when the sample is not exported (yet)."""
+    for line in metrics_text(port).splitlines():
+        if line.startswith(f"{name}{{{labels}}} " if labels else f"{name} "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def stream_code(address: str, request: rollout_pb2.GroupRequest, timeout_s: float = 120
+                ) -> tuple[grpc.StatusCode, list[rollout_pb2.Trajectory], str]:
+    """Runs one group on one replica; (final code, trajectories received, details)."""
+    got: list[rollout_pb2.Trajectory] = []
+    try:
+        for t in RpcClient(address, timeout_s=timeout_s).stream(Rollout, "RolloutGroup",
+                                                                request):
+            got.append(t)
+    except grpc.RpcError as err:
+        return err.code(), got, err.details() or ""
+    return grpc.StatusCode.OK, got, ""
