@@ -26,7 +26,7 @@ from rlfleet.engines.base import (
 )
 from rlfleet.policy.chat import ChatCodec
 from rlfleet.policy.loading import PolicyProcessor, load_policy, vision_token_ids
-from rlfleet.policy.logprobs import collate, token_logprobs, unwrap
+from rlfleet.policy.logprobs import collate, forward, token_logprobs, unwrap
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -213,15 +213,7 @@ class HFEngine(Engine):
         gens = self._generators(B, params.seed, first_index)
         stop = torch.tensor(self.codec.stop_token_ids, device=self.device)
 
-        out = inner(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            pixel_values=batch.pixel_values,
-            image_grid_thw=batch.image_grid_thw,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        out = forward(inner, batch, use_cache=True, logits_to_keep=1)
         cache = out.past_key_values
         logits = out.logits[:, -1].float()
         attention_mask = batch.attention_mask

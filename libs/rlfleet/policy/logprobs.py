@@ -148,19 +148,22 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return get_base() if callable(get_base) else model
 
 
-def forward_logits(model: torch.nn.Module, batch: ModelBatch, **kwargs) -> torch.Tensor:
-    """Logits ``(B, L, V)`` of a collated batch (no cache)."""
-    inner = unwrap(model)
-    out = inner(
+def forward(model: torch.nn.Module, batch: ModelBatch, **kwargs):  # noqa: ANN201
+    """The model's output for a collated batch (kwargs: ``use_cache``, ``logits_to_keep``,
+    ...); the one place that maps a ModelBatch onto the model's inputs."""
+    return unwrap(model)(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
         position_ids=batch.position_ids,
         pixel_values=batch.pixel_values,
         image_grid_thw=batch.image_grid_thw,
-        use_cache=False,
-        **kwargs,
+        **{"use_cache": False, **kwargs},
     )
-    return out.logits
+
+
+def forward_logits(model: torch.nn.Module, batch: ModelBatch, **kwargs) -> torch.Tensor:
+    """Logits ``(B, L, V)`` of a collated batch (no cache)."""
+    return forward(model, batch, **kwargs).logits
 
 
 def token_logprobs(
