@@ -29,7 +29,8 @@ def learning_curve(steps: list[dict], evals: list[dict], out: Path, title: str =
         xs = [p[0] for p in pts]
         ys = [100 * p[1]["solve_rate"] for p in pts]
         err = [100 * p[1]["solve_rate_se"] for p in pts]
-        label = "64 eval mazes" if name == "eval" else f"{pts[0][1]['episodes']} held-out mazes"
+        kind = "eval" if name == "eval" else "held-out"
+        label = f"{pts[0][1]['episodes']} {kind} mazes"
         ax2.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label, color=color)
     ax2.set_ylabel("greedy true solve rate (%)")
     ax2.set_xlabel("GRPO step")

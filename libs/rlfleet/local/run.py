@@ -33,7 +33,8 @@ def _table(first: dict, last: dict) -> str:
         if name not in first or name not in last:
             continue
         a, b = first[name], last[name]
-        label = "64 eval mazes" if name == "eval" else f"{a['episodes']} held-out mazes"
+        label = (f"{a['episodes']} eval mazes" if name == "eval"
+                 else f"{a['episodes']} held-out mazes")
         rows = [
             (f"{label}: true solve", a["solve_rate"], b["solve_rate"], True),
             ("  ± standard error", a["solve_rate_se"], b["solve_rate_se"], None),

@@ -1,0 +1,343 @@
+"""Supervised warm start: full-weight SFT of the tiny policy on oracle maze states.
+
+The analog of the VisGym SFT checkpoint the published GRPO run starts from. Every weight
+of the base (vision tower, merger, language model) is trained with AdamW on
+:mod:`rlfleet.sft.data` examples; the loss is the token-mean cross entropy on the target
+tokens only (the action token and ``<|im_end|>``), never on the prompt.
+
+Deterministic on the CPU: the data stream comes from a numpy generator seeded with
+``seed``, the learning rate is a linear warm-up then constant (so a run stopped at step N
+has the same weights as a longer run's step-N snapshot), and evaluation draws no random
+numbers. The output is an ordinary HF directory (float32 safetensors + the base's
+tokenizer/processor files) that ``load_policy`` and the rollout replica's ``--model``
+load like the base.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rlfleet.maze import EVAL_SEEDS, HELDOUT_SEEDS
+from rlfleet.policy import ChatCodec, collate, ensure_tiny_model, load_policy
+from rlfleet.policy.logprobs import ModelBatch, unwrap
+from rlfleet.sft.data import DataMix, EncodedExample, encode_example, example_stream
+from rlfleet.sft.evaluate import evaluate_greedy
+
+# Files of a model directory that training rewrites; everything else (tokenizer,
+# processor, chat template) is copied from the base unchanged.
+_MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors",
+                "model.safetensors.index.json", "rlfleet_tiny.json", "sft_summary.json",
+                "sft_curve.jsonl", "README.md"}
+
+
+SCHEDULES = ("constant", "cosine", "linear")
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("RLFLEET_CACHE", Path.home() / ".cache" / "rlfleet")).expanduser()
+
+
+@dataclass
+class SFTConfig:
+    out: Path
+    size: int = 7
+    steps: int | None = None
+    minutes: float | None = None  # training time budget (evaluation not counted)
+    lr: float = 5e-4
+    batch: int = 64
+    seed: int = 0
+    base: Path | None = None  # default: the tiny base from ensure_tiny_model(cache)
+    warmup: int = 20
+    schedule: str = "constant"  # after warm-up: "constant", "cosine" or "linear" decay
+    decay_steps: int | None = None  # the decay ends here (default: steps)
+    min_lr_ratio: float = 0.1  # lr at the end of the decay, as a share of lr
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    qk_norm_lr_mult: float = 1.0  # lr multiplier of the attention q/k RMSNorm gains
+    patch_bias_std: float = 0.0  # symmetry-breaking init of a zero patch-embedding bias
+    short_steps: int = 0  # curriculum: the first N steps show the status line only
+    # the prompt format trained and evaluated (rlfleet.policy.contexts): "last_frame"
+    # (instruction + status + frame) or "frame_only" (status + frame); the rollout service
+    # must be asked for the same context
+    context: str = "last_frame"
+    wall_weight: float = 0.0  # weight of the wall loss: -log(1 - p(moves into walls))
+    log_every: int = 10
+    eval_every: int = 0  # steps between greedy evals on the 64 eval mazes (0: end only)
+    snapshots: bool = False  # save the model at every in-training eval (out/snapshots/)
+    final_eval: bool = True
+    heldout: bool = True  # also evaluate the 256 held-out mazes at the end
+    max_turns: int | None = None
+    mix: DataMix = field(default_factory=DataMix)
+    command: str = ""
+
+    def __post_init__(self) -> None:
+        self.out = Path(self.out)
+        if self.steps is None and self.minutes is None:
+            raise ValueError("give --steps or --minutes (or both: whichever ends first)")
+        if self.steps is not None and self.steps < 0:
+            raise ValueError("steps must be >= 0")
+        if self.batch < 1 or self.lr <= 0:
+            raise ValueError("batch must be >= 1 and lr > 0")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.schedule != "constant" and (self.decay_steps or self.steps) is None:
+            raise ValueError("a decaying schedule needs --decay-steps or --steps")
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based): linear warm-up, then the
+        schedule. It depends on ``decay_steps`` but not on when the run stops, so a run
+        stopped at step N equals the step-N snapshot of a longer run with the same decay."""
+        if step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        if self.schedule == "constant":
+            return self.lr
+        total = self.decay_steps or self.steps
+        frac = min(1.0, (step - self.warmup) / max(1, total - self.warmup))
+        shape = 0.5 * (1 + math.cos(math.pi * frac)) if self.schedule == "cosine" else 1 - frac
+        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * shape)
+
+
+def save_policy(model: torch.nn.Module, base_dir: Path, out_dir: Path) -> Path:
+    """Write ``model`` (float32 safetensors) with ``base_dir``'s tokenizer/processor files
+    to ``out_dir``. Built in a temporary sibling first: a new directory is renamed into
+    place whole; into an existing one each file is moved with an atomic rename, and other
+    files there (README.md, the curve, snapshots/) are kept."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        for f in Path(base_dir).iterdir():
+            if f.is_file() and f.name not in _MODEL_FILES:
+                shutil.copy2(f, tmp / f.name)
+        model.save_pretrained(tmp, safe_serialization=True)
+        # mkdtemp and the safetensors writer make owner-only modes; a model dir is shared
+        os.chmod(tmp, 0o755)
+        for f in tmp.iterdir():
+            os.chmod(f, 0o644)
+        if out_dir.exists() and any(out_dir.iterdir()):
+            for f in sorted(tmp.iterdir(), key=lambda f: f.name == "config.json"):
+                os.replace(f, out_dir / f.name)  # config.json last: it marks a model dir
+        else:
+            if out_dir.exists():
+                out_dir.rmdir()
+            os.rename(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def param_groups(model: torch.nn.Module, qk_norm_lr_mult: float) -> list[dict]:
+    """All parameters, with the language model's q/k RMSNorm gains in a group of their own.
+
+    Why: Qwen3 normalises queries and keys per head, so attention logits are capped by
+    those gains (init 1: a logit of at most ~sqrt(head_dim)). Reading the maze needs sharp
+    attention to the cells next to the agent, i.e. gains several times larger; at the base
+    lr they grow by ~lr per step and stay near 1 for thousands of steps.
+    """
+    qk, rest = [], []
+    for name, p in model.named_parameters():
+        (qk if name.endswith(("q_norm.weight", "k_norm.weight")) else rest).append(p)
+    groups = [{"params": rest, "lr_mult": 1.0}]
+    if qk:
+        groups.append({"params": qk, "lr_mult": qk_norm_lr_mult})
+    return groups
+
+
+def break_gray_symmetry(model: torch.nn.Module, std: float, seed: int) -> bool:
+    """Give a fresh base's vision patch embedding a random bias (N(0, std)).
+
+    Why: the tiny base normalises pixels with mean 0.5 / std 0.5, so the maze's gray walls
+    and white floor are the same vector up to a positive scale; with the patch embedding's
+    bias at zero, the LayerNorms after it erase that scale and walls look like floor
+    (cosine 0.96 at the base). The policy then cannot see walls and SFT stalls at a
+    wall-blind "head for the target" policy. A non-zero bias makes the scale visible.
+    Only a bias that is still exactly zero is touched; returns whether it was.
+    """
+    proj = unwrap(model).model.visual.patch_embed.proj
+    if std <= 0 or proj.bias is None or bool(proj.bias.detach().abs().sum() > 0):
+        return False
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        proj.bias.copy_(torch.randn(proj.bias.shape, generator=gen) * std)
+    return True
+
+
+def make_batch(processor, examples: list[EncodedExample]
+               ) -> tuple[ModelBatch, torch.Tensor, torch.Tensor]:
+    """Left-padded inputs (prompt + all target tokens but the last), the labels of the
+    last ``K`` positions (``-100`` where a shorter target leaves no label), and a
+    ``(B, V)`` mask of the tokens that start a move into a wall."""
+    k = max(len(e.target_ids) for e in examples)
+    seqs = [e.prompt_ids + e.target_ids[:-1] for e in examples]
+    batch = collate(processor, seqs, [[e.image] for e in examples], padding_side="left")
+    labels = torch.full((len(examples), k), -100, dtype=torch.long)
+    for r, e in enumerate(examples):
+        labels[r, k - len(e.target_ids):] = torch.as_tensor(e.target_ids)
+    blocked = torch.zeros((len(examples), len(processor.tokenizer)), dtype=torch.bool)
+    for r, e in enumerate(examples):
+        blocked[r, e.blocked_ids] = True
+    return batch, labels, blocked
+
+
+def sft_loss(model: torch.nn.Module, batch: ModelBatch, labels: torch.Tensor,
+             blocked: torch.Tensor | None = None, wall_weight: float = 0.0
+             ) -> tuple[torch.Tensor, float]:
+    """Token-mean cross entropy on the targets, and the accuracy on the first target token
+    (the action). With ``wall_weight``, plus that times the mean of ``-log(1 - p_wall)``
+    at the action token, ``p_wall`` being the probability of the moves into walls."""
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        pixel_values=batch.pixel_values,
+        image_grid_thw=batch.image_grid_thw,
+        use_cache=False,
+        logits_to_keep=labels.shape[1],
+    )
+    logits = out.logits.float()
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                           ignore_index=-100)
+    first = (labels != -100).int().argmax(1)  # the first labelled position per row
+    rows = torch.arange(labels.shape[0])
+    action_logits = logits[rows, first]
+    acc = (action_logits.argmax(-1) == labels[rows, first]).float().mean().item()
+    if wall_weight > 0 and blocked is not None:
+        allowed = torch.logsumexp(action_logits.masked_fill(blocked, float("-inf")), -1)
+        loss = loss + wall_weight * (torch.logsumexp(action_logits, -1) - allowed).mean()
+    return loss, acc
+
+
+def _eval_line(tag: str, r: dict) -> str:
+    return (f"{tag}: solved {r['solved']}/{r['n']} = {100 * r['solve_rate']:.1f}% "
+            f"± {100 * r['solve_rate_stderr']:.1f}  mean turns {r['mean_turns']:.1f}  "
+            f"wrong stops {r['wrong_stops']}  timeouts {r['truncated']}  ({r['seconds']:.0f}s)")
+
+
+def _brief(r: dict) -> dict:
+    return {k: v for k, v in r.items() if k != "solved_seeds"}
+
+
+def train_sft(cfg: SFTConfig, log: Callable[[str], None] = print) -> dict:
+    """Run SFT as configured; writes the model and ``sft_summary.json`` to ``cfg.out``."""
+    t_start = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    base = Path(cfg.base) if cfg.base else ensure_tiny_model(default_cache_dir())
+    model, processor = load_policy(base, dtype=torch.float32)
+    codec = ChatCodec(processor)
+    broke = break_gray_symmetry(model, cfg.patch_bias_std, cfg.seed)
+    model.train()
+    n_params = sum(p.numel() for p in model.parameters())
+    groups = param_groups(model, cfg.qk_norm_lr_mult)
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    rng = np.random.default_rng(cfg.seed)
+    stream = example_stream(cfg.size, rng, cfg.mix, max_turns=cfg.max_turns)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    curve_path = cfg.out / "sft_curve.jsonl"
+    curve_path.write_text("")
+    log(f"sft: base {base} ({n_params / 1e6:.2f} M params), {cfg.size}x{cfg.size} mazes, "
+        f"lr {cfg.lr}, batch {cfg.batch}, seed {cfg.seed}, steps {cfg.steps}, "
+        f"minutes {cfg.minutes}, mix {asdict(cfg.mix)}"
+        + (f", patch-embedding bias set to N(0, {cfg.patch_bias_std})" if broke else ""))
+
+    curve: list[dict] = []
+    train_s = 0.0
+    step = 0
+    examples_seen = 0
+    win_loss = win_acc = win_gnorm = 0.0
+    win_n = 0
+    win_t = 0.0
+
+    def in_training_eval() -> None:
+        r = evaluate_greedy(model, processor, EVAL_SEEDS, cfg.size, cfg.max_turns,
+                            context=cfg.context)
+        point = {"step": step, "train_minutes": round(train_s / 60, 3),
+                 "examples": examples_seen, **_brief(r)}
+        curve.append(point)
+        with curve_path.open("a") as fh:
+            fh.write(json.dumps(point) + "\n")
+        log(f"  step {step} ({train_s / 60:.2f} train min) " + _eval_line("eval64", r))
+        if cfg.snapshots:
+            save_policy(model, base, cfg.out / "snapshots" / f"step-{step:06d}")
+
+    while True:
+        if cfg.steps is not None and step >= cfg.steps:
+            break
+        if cfg.minutes is not None and train_s >= cfg.minutes * 60:
+            break
+        t0 = time.perf_counter()
+        short = cfg.context == "frame_only" or step < cfg.short_steps
+        examples = [encode_example(codec, next(stream), short) for _ in range(cfg.batch)]
+        batch, labels, blocked = make_batch(processor, examples)
+        lr = cfg.lr_at(step)
+        for g in opt.param_groups:
+            g["lr"] = lr * g["lr_mult"]
+        loss, acc = sft_loss(model, batch, labels, blocked, cfg.wall_weight)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(
+            model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        opt.step()
+        dt = time.perf_counter() - t0
+        train_s += dt
+        step += 1
+        examples_seen += cfg.batch
+        win_loss += loss.item()
+        win_acc += acc
+        win_gnorm += float(gnorm)
+        win_n += 1
+        win_t += dt
+        if step % cfg.log_every == 0:
+            log(f"step {step:5d}  loss {win_loss / win_n:.4f}  action acc {win_acc / win_n:.3f}"
+                f"  grad norm {win_gnorm / win_n:.2f}  lr {lr:.2e}"
+                f"  {cfg.batch * win_n / win_t:.1f} ex/s"
+                f"  train {train_s / 60:.2f} min")
+            win_loss = win_acc = win_gnorm = win_t = 0.0
+            win_n = 0
+        if cfg.eval_every and step % cfg.eval_every == 0:
+            in_training_eval()
+
+    model.eval()
+    save_policy(model, base, cfg.out)
+    summary: dict = {
+        "command": cfg.command,
+        "seed": cfg.seed,
+        "steps": step,
+        "examples": examples_seen,
+        "train_seconds": round(train_s, 1),
+        "config": {k: (str(v) if isinstance(v, Path) else v)
+                   for k, v in asdict(cfg).items() if k != "command"},
+        "base": str(base),
+        "params": n_params,
+        "torch_threads": torch.get_num_threads(),
+        "curve": curve,
+    }
+    tiny_meta = base / "rlfleet_tiny.json"
+    if tiny_meta.is_file():
+        summary["base_build"] = json.loads(tiny_meta.read_text())
+    if cfg.final_eval:
+        r64 = evaluate_greedy(model, processor, EVAL_SEEDS, cfg.size, cfg.max_turns,
+                            context=cfg.context)
+        log(_eval_line("final eval (64 eval mazes, seeds 0..63)", r64))
+        summary["eval64"] = r64
+        if cfg.heldout:
+            r256 = evaluate_greedy(model, processor, HELDOUT_SEEDS, cfg.size, cfg.max_turns,
+                                   context=cfg.context)
+            log(_eval_line("final eval (256 held-out mazes, seeds 64..319)", r256))
+            summary["heldout256"] = r256
+    summary["wall_seconds"] = round(time.perf_counter() - t_start, 1)
+    (cfg.out / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    log(f"sft: saved {cfg.out} after {step} steps, {train_s / 60:.2f} train min, "
+        f"{summary['wall_seconds'] / 60:.2f} wall min")
+    return summary
