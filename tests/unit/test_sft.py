@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from rlfleet.maze import (
     EVAL_SEEDS,
@@ -20,6 +21,7 @@ from rlfleet.maze.episode import MazeEpisode
 from rlfleet.policy import ChatCodec, ensure_tiny_model, load_policy
 from rlfleet.sft import DataMix, encode_example, evaluate_greedy, example_stream, maze_examples
 from rlfleet.sft.cli import main as sft_main
+from rlfleet.sft.train import make_batch, sft_loss, sharpen_attention
 
 CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "tiny-sft"
 # Files that must equal the tiny base's, byte for byte (same tokenizer and processor).
@@ -81,21 +83,58 @@ def test_encoded_target_is_one_action_token_then_im_end(tiny_dir):
     assert enc.prompt_ids.count(codec.image_pad_id) == 49  # 7x7 cells at 16 px
 
 
+def test_batch_points_at_the_agent_image_token_and_its_legal_moves(tiny_dir):
+    model, processor = load_policy(tiny_dir)
+    codec = ChatCodec(processor)
+    seed = train_seeds(0, 1, 7).seeds[0]
+    layout = generate_layout(seed, 7)
+    examples = maze_examples(seed, 7, np.random.default_rng(0))[:6]
+    for short in (False, True):  # last_frame and frame_only prompts differ in length
+        encs = [encode_example(codec, e, short) for e in examples]
+        batch = make_batch(processor, encs)
+        ids = batch.inputs.input_ids
+        for r, e in enumerate(examples):
+            pos = int(batch.agent_pos[r])
+            first = int((ids[r] == codec.image_pad_id).int().argmax())
+            assert int(ids[r, pos]) == codec.image_pad_id
+            assert pos - first == e.agent[0] * 7 + e.agent[1]
+            legal = {codec.tokenizer.decode([int(i)]) for i in batch.legal[r].nonzero()}
+            assert legal == {f"('move', {k})" for k in range(4) if k not in e.blocked}
+            assert all(not layout.is_floor((e.agent[0] + dr, e.agent[1] + dc))
+                       for k, (dr, dc) in enumerate(((0, 1), (-1, 0), (0, -1), (1, 0)))
+                       if k in e.blocked)
+            # the targets sit at the end of the row: action token, then <|im_end|>
+            assert batch.labels[r].tolist() == encs[r].target_ids
+    loss, metrics = sft_loss(model, batch, agent_aux=1.0)
+    assert loss.requires_grad and {"ce", "acc", "aux"} <= set(metrics)
+
+
+def test_sharpen_attention_sets_only_fresh_gains(tiny_dir):
+    model, _ = load_policy(tiny_dir)
+    gains = [p for n, p in model.named_parameters() if n.endswith(("q_norm.weight",
+                                                                   "k_norm.weight"))]
+    assert gains and sharpen_attention(model, 3.0) == len(gains)
+    assert all(bool((p == 3.0).all()) for p in gains)
+    assert sharpen_attention(model, 3.0) == 0  # no longer a fresh base: left alone
+
+
 # -- a short run ---------------------------------------------------------------------
 
 
 def test_short_sft_run_end_to_end(tiny_dir, tmp_path, capsys):
     out = tmp_path / "sft"
     rc = sft_main(["sft", "--out", str(out), "--steps", "3", "--batch", "4", "--log-every",
-                   "1", "--base", str(tiny_dir), "--no-eval"])
+                   "1", "--base", str(tiny_dir), "--no-eval", "--context", "frame_only",
+                   "--qk-gain", "3", "--agent-aux", "1"])
     assert rc == 0
     assert "step     3" in capsys.readouterr().out
     summary = json.loads((out / "sft_summary.json").read_text())
     assert summary["steps"] == 3 and summary["command"].startswith("rlfleet sft ")
     for name in PROCESSOR_FILES:
         assert (out / name).read_bytes() == (tiny_dir / name).read_bytes()
+    assert summary["context"] == "frame_only"
     model, processor = load_policy(out)
-    r = evaluate_greedy(model, processor, [0, 1], size=7, max_turns=2)
+    r = evaluate_greedy(model, processor, [0, 1], size=7, max_turns=2, context="frame_only")
     assert r["n"] == 2 and 1 <= r["mean_turns"] <= 2
 
 
@@ -120,7 +159,7 @@ def test_shipped_checkpoint_matches_the_tiny_base(tiny_dir):
 
 def test_shipped_checkpoint_loads_and_solves_eval_mazes():
     model, processor = load_policy(CHECKPOINT)
-    assert next(model.parameters()).dtype.is_floating_point
+    assert next(model.parameters()).dtype == torch.float32  # shipped in float32
     context = json.loads((CHECKPOINT / "sft_summary.json").read_text())["context"]
     # a handful of eval mazes: the rate is computed without error (not asserted) ...
     r = evaluate_greedy(model, processor, list(EVAL_SEEDS)[:8], size=7, context=context)

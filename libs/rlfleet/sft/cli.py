@@ -29,22 +29,18 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="lr at the end of the decay, as a share of --lr")
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--qk-norm-lr-mult", type=float, default=1.0,
-                   help="lr multiplier for the attention q/k RMSNorm gains (they cap how "
-                        "sharp attention can get)")
-    p.add_argument("--patch-bias-std", type=float, default=0.0,
-                   help="first give a zero vision patch-embedding bias random N(0, STD) "
-                        "values, so gray walls and white floor stop looking alike")
+    p.add_argument("--qk-gain", type=float, default=1.0,
+                   help="start the language model's q/k RMSNorm gains at this value (fresh "
+                        "base: 1.0), which lets attention get sharp enough to read the maze")
+    p.add_argument("--agent-aux", type=float, default=0.0,
+                   help="weight of an auxiliary loss at the agent cell's image token: "
+                        "cross entropy against a uniform choice of the legal moves")
     p.add_argument("--context", choices=["last_frame", "frame_only"], default="last_frame",
                    help="prompt format to train and evaluate (rlfleet.policy.contexts); "
                         "serve the model with the same context")
     p.add_argument("--short-steps", type=int, default=0,
                    help="curriculum: the first N steps drop the instruction (image + status "
                         "line only); later steps and evaluation use the served format")
-    p.add_argument("--wall-weight", type=float, default=0.0,
-                   help="weight of an extra loss at the action token: -log(1 - p(moves "
-                        "into walls)); teaches the wall reading the oracle label alone "
-                        "teaches slowly")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--eval-every", type=int, default=0,
                    help="greedy eval on the 64 eval mazes every N steps (0: only at the end)")
@@ -88,10 +84,9 @@ def run(args: argparse.Namespace) -> int:
             batch=args.batch, seed=args.seed, base=args.base, warmup=args.warmup,
             schedule=args.schedule, decay_steps=args.decay_steps,
             min_lr_ratio=args.min_lr_ratio,
-            weight_decay=args.weight_decay, grad_clip=args.grad_clip, wall_weight=args.wall_weight,
-            short_steps=args.short_steps, patch_bias_std=args.patch_bias_std,
-            context=args.context,
-            qk_norm_lr_mult=args.qk_norm_lr_mult,
+            weight_decay=args.weight_decay, grad_clip=args.grad_clip,
+            short_steps=args.short_steps, context=args.context,
+            qk_gain=args.qk_gain, agent_aux=args.agent_aux,
             log_every=args.log_every, eval_every=args.eval_every, snapshots=args.snapshots,
             final_eval=not args.no_eval, heldout=not args.no_heldout,
             max_turns=args.max_turns,

@@ -62,6 +62,7 @@ class SFTExample:
     png: bytes
     text: str  # instruction + "\n\n" + status, exactly as the rollout service words it
     blocked: tuple[int, ...] = ()  # move directions that would hit a wall from here
+    width: int = 0  # the maze's width in cells (locates the agent's image token)
 
     @property
     def action_text(self) -> str:
@@ -115,6 +116,7 @@ def _make(
         png=render_png(layout, agent, cell_px),
         text=f"{instruction}\n\n{status_text(feedback, turn, max_turns)}",
         blocked=blocked_moves(layout, agent),
+        width=layout.width,
     )
 
 
@@ -173,7 +175,7 @@ def played_examples(
         out.append(SFTExample(
             seed=seed, agent=obs.agent, turn=obs.turn, feedback=episode.feedback,
             action=best, on_path=obs.agent in path, source="played", png=obs.png,
-            text=obs.text, blocked=blocked_moves(layout, obs.agent),
+            text=obs.text, blocked=blocked_moves(layout, obs.agent), width=layout.width,
         ))
         if rng.random() < p_oracle:
             act = best
@@ -253,7 +255,8 @@ class EncodedExample:
     prompt_ids: list[int]
     image: Image.Image
     target_ids: list[int]  # the action's token(s) + <|im_end|>
-    blocked_ids: list[int]  # first tokens of the moves that would hit a wall
+    agent_token: int  # index in prompt_ids of the agent cell's image token (-1: unknown)
+    open_ids: list[int]  # first tokens of the moves that do not hit a wall
 
 
 def _first_token(codec: ChatCodec, text: str) -> int:
@@ -267,6 +270,16 @@ def encode_example(codec: ChatCodec, example: SFTExample, short: bool = False
     text = example.text.rsplit("\n\n", 1)[1] if short else example.text
     enc = codec.encode_prompt([user_message(example.png, text)])
     target = list(codec.tokenizer(example.action_text, add_special_tokens=False).input_ids)
-    blocked = [_first_token(codec, format_action(Action.move(k), ActionFormat.LITERAL))
-               for k in example.blocked]
-    return EncodedExample(enc.token_ids, enc.images[0], target + [codec.im_end_id], blocked)
+    opened = [_first_token(codec, format_action(Action.move(k), ActionFormat.LITERAL))
+              for k in range(4) if k not in example.blocked]
+    # One image token per cell when a cell is as wide as a token's pixels (the tiny model
+    # at cell_px 16): the agent's token is then row * width + col into the image's run.
+    ip = codec.processor.image_processor
+    px_per_token = int(ip.patch_size) * int(ip.merge_size)
+    agent_token = -1
+    image = enc.images[0]
+    if example.width and image.width == example.width * px_per_token:
+        agent_token = (enc.token_ids.index(codec.image_pad_id)
+                       + example.agent[0] * example.width + example.agent[1])
+    return EncodedExample(enc.token_ids, image, target + [codec.im_end_id], agent_token,
+                          opened)
