@@ -35,7 +35,7 @@ def stack(tmp_path: Path, procs):  # noqa: ANN201
 def learner_config(stack: LocalStack, tmp_path: Path, run: str, model_dir: Path, **over
                    ) -> Path:
     cfg = yaml.safe_load((REPO / "configs" / "local-tiny.yaml").read_text())
-    cfg.update(run=run, steps=3)
+    cfg.update(run=run, steps=3, calibrate_step=0)
     cfg["model"]["path"] = str(model_dir)
     cfg["data"].update(groups_per_step=2, group_size=4, max_turns=4, temperature=3.0)
     cfg["eval"] = {"every": 0, "eval_seeds": 4, "heldout_seeds": 4}

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
 import grpc
 import pytest
 
-from rlfleet.registry import AdapterRegistry, ReplicaInfo, ReplicaRegistry, connect
+from rlfleet.registry import (
+    AdapterRecord,
+    AdapterRegistry,
+    ReplicaInfo,
+    ReplicaRegistry,
+    connect,
+)
+from rlfleet.registry.adapters import PendingVersion
 from rlfleet.rpc import RpcClient
 from rlfleet.storage import RunsRoot, list_versions
 from rlfleet.v1 import common_pb2, sync_pb2, sync_pb2_grpc
@@ -40,7 +48,7 @@ def fleet(tmp_path: Path, redis_url: str, start_ckptsync):  # noqa: ANN201
 
 def test_publish_get_latest_and_event(fleet) -> None:
     root, client, redis, _ = fleet
-    events = AdapterRegistry(redis).events(RUN, poll_s=0.1)
+    events = AdapterRegistry(redis).events(RUN, poll_s=0.1, pending=True)
     next(events)  # subscribed
     manifest = publish_version(root, RUN, 1)
     reply = publish(client, 1, path=f"{RUN}/adapters/v000001")
@@ -48,7 +56,10 @@ def test_publish_get_latest_and_event(fleet) -> None:
     latest = client.call(Sync, "GetLatest", sync_pb2.GetLatestRequest(run=RUN))
     assert (latest.version, latest.sha256) == (1, manifest.manifest_sha256)
     got = [e for e in (next(events) for _ in range(20)) if e is not None]
-    assert got and got[0].version == 1
+    # first the hint that it is being verified, then the announcement with its identity
+    assert [type(e) for e in got[:2]] == [PendingVersion, AdapterRecord]
+    assert got[0].record.version == 1 and got[0].record.path == f"{RUN}/adapters/v000001"
+    assert (got[1].version, got[1].sha256) == (1, manifest.manifest_sha256)
     # publishing the same version again is idempotent
     assert publish(client, 1).adapter.version == 1
 
@@ -69,8 +80,11 @@ def test_bad_publishes_are_refused(fleet) -> None:
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))
+    events = AdapterRegistry(redis).events(RUN, poll_s=0.1)
+    next(events)  # subscribed
     assert code_of(lambda: publish(client, 3)) == grpc.StatusCode.FAILED_PRECONDITION
     assert AdapterRegistry(redis).latest(RUN) is None  # nothing recorded
+    assert [e for e in (next(events) for _ in range(5)) if e is not None] == []  # nor announced
     assert code_of(lambda: publish(client, 4)) == grpc.StatusCode.NOT_FOUND
     for path in ("../../etc", "/etc/passwd", f"{RUN}/adapters/v000003/../../.."):
         assert code_of(lambda p=path: publish(client, 3, path=p)) == \
@@ -137,11 +151,93 @@ def test_restart_rebuilds_state(tmp_path: Path, redis_url: str, start_ckptsync, 
     assert reply.version == 3
 
 
-def test_garbage_collection_keeps_served_and_newest(fleet) -> None:
-    root, client, redis, _ = fleet
+def _wait_versions(root: RunsRoot, want: list[int]) -> list[int]:
+    deadline = time.monotonic() + 30
+    while list_versions(root, RUN) != want and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return list_versions(root, RUN)
+
+
+def test_garbage_collection_keeps_served_and_newest(tmp_path: Path, redis_url: str,
+                                                    start_ckptsync) -> None:
+    # No replica acknowledges here: old versions go when the fallback delay has passed.
+    root = RunsRoot(tmp_path / "runs")
+    root.root.mkdir(parents=True)
+    proc = start_ckptsync(redis_url, root.root, "--keep-last", "2", "--gc-delay-s", "0.5")
+    client, redis = RpcClient(proc.address, timeout_s=10), connect(redis_url)
     ReplicaRegistry(redis).heartbeat(
         ReplicaInfo("r1", "127.0.0.1:1", run=RUN, adapter_version=2), ttl_s=30)
     for v in range(1, 6):
         publish_version(root, RUN, v)
         publish(client, v)
-    assert list_versions(root, RUN) == [2, 4, 5]
+    assert _wait_versions(root, [2, 4, 5]) == [2, 4, 5]
+    assert [r.version for r in AdapterRegistry(redis).history(RUN)] == [2, 4, 5]
+
+
+def test_garbage_collection_once_every_replica_has_moved(tmp_path: Path, redis_url: str,
+                                                        start_ckptsync) -> None:
+    # The fallback is an hour away: only the last acknowledgement can start it.
+    root = RunsRoot(tmp_path / "runs")
+    root.root.mkdir(parents=True)
+    proc = start_ckptsync(redis_url, root.root, "--keep-last", "2", "--gc-delay-s", "3600")
+    client, redis = RpcClient(proc.address, timeout_s=10), connect(redis_url)
+    replicas = ReplicaRegistry(redis)
+    for v in range(1, 5):
+        manifest = publish_version(root, RUN, v)
+        publish(client, v)
+    ack = sync_pb2.AcknowledgeRequest(replica_id="r1", adapter=common_pb2.AdapterRef(
+        run=RUN, version=4, sha256=manifest.manifest_sha256))
+    replicas.heartbeat(ReplicaInfo("r1", "127.0.0.1:1", run=RUN, adapter_version=4), 30)
+    replicas.heartbeat(ReplicaInfo("r2", "127.0.0.1:2", run=RUN, adapter_version=1), 30)
+    client.call(Sync, "Acknowledge", ack)
+    time.sleep(1.0)  # r2 still serves 1: nothing may go yet
+    assert list_versions(root, RUN) == [1, 2, 3, 4]
+    replicas.heartbeat(ReplicaInfo("r2", "127.0.0.1:2", run=RUN, adapter_version=4), 30)
+    client.call(Sync, "Acknowledge", sync_pb2.AcknowledgeRequest(
+        replica_id="r2", adapter=ack.adapter))
+    assert _wait_versions(root, [3, 4]) == [3, 4]
+
+
+def test_wait_for_replicas_wakes_on_acknowledgements(fleet) -> None:
+    root, client, redis, _ = fleet
+    manifest = publish_version(root, RUN, 1)
+    publish(client, 1)
+    replicas = ReplicaRegistry(redis)
+    for rid in ("r1", "r2"):
+        replicas.heartbeat(ReplicaInfo(rid, "127.0.0.1:1", run=RUN, adapter_version=0), 30)
+    result: dict = {}
+
+    def wait() -> None:
+        result["reply"] = client.call(Sync, "WaitForReplicas", sync_pb2.WaitForReplicasRequest(
+            run=RUN, version=1, min_replicas=2, timeout_s=60), timeout_s=70)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    for rid in ("r1", "r2"):  # what a replica does once live: heartbeat, then acknowledge
+        replicas.heartbeat(ReplicaInfo(rid, "127.0.0.1:1", run=RUN, adapter_version=1), 30)
+        client.call(Sync, "Acknowledge", sync_pb2.AcknowledgeRequest(
+            replica_id=rid, adapter=common_pb2.AdapterRef(
+                run=RUN, version=1, sha256=manifest.manifest_sha256)))
+    waiter.join(70)
+    reply = result["reply"]
+    assert reply.replicas == 2 and list(reply.replica_ids) == ["r1", "r2"]
+    assert reply.publish_to_live_s >= 0
+
+
+def test_ack_waiter_and_one_script_publish(redis_url: str) -> None:
+    registry = AdapterRegistry(connect(redis_url))
+    events = registry.events(RUN, poll_s=0.1)
+    next(events)  # subscribed
+    with registry.ack_waiter(RUN) as acks:
+        assert acks.wait(0.05) is False  # nothing acknowledged yet
+        registry.acknowledge(RUN, 1, "r1")
+        assert acks.wait(30) is True
+        assert set(registry.acks(RUN, 1)) == {"r1"}
+    two = AdapterRecord(run=RUN, version=2, path=f"{RUN}/adapters/v000002", sha256="a" * 64)
+    one = AdapterRecord(run=RUN, version=1, path=f"{RUN}/adapters/v000001", sha256="b" * 64)
+    assert registry.publish(two) is True
+    assert registry.publish(one) is False  # older: recorded in the history, not latest
+    assert registry.latest(RUN).version == 2
+    assert sorted(r.version for r in registry.history(RUN)) == [1, 2]
+    got = [e for e in (next(events) for _ in range(20)) if e is not None]
+    assert [e.version for e in got] == [2]  # only the newer one was announced

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 
+from rlfleet.local.procs import free_port
 from rlfleet.rpc import RpcClient
 from rlfleet.v1 import common_pb2, env_pb2, env_pb2_grpc, reward_pb2, reward_pb2_grpc
 
@@ -80,6 +83,48 @@ def test_same_seed_same_png_across_processes(start_env) -> None:
                         for e in reply.episodes])
     assert digests[0] == digests[1]
     assert len(set(digests[0])) == 3
+
+
+def _frame_cache_metrics(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {m[1]: float(m[2]) for m in re.finditer(
+        r"^rlfleet_env_frame_cache_(\w+?)(?:_total)? ([0-9.e+-]+)$", text, re.M)}
+
+
+def test_frames_are_cached_and_not_built_without_images(start_env) -> None:
+    metrics_port = free_port()
+    proc = start_env("--metrics-port", str(metrics_port))
+    client = RpcClient(proc.address)
+    # Four episodes on each of two mazes, stepped into a wall and back: few distinct states.
+    tasks = [common_pb2.TaskSpec(task="maze_2d", seed=1_000_000 + i // 4) for i in range(8)]
+
+    def play(include_image: bool) -> list[common_pb2.Observation]:
+        opened = client.call(Env, "Open", env_pb2.OpenRequest(
+            tasks=tasks, include_image=include_image)).episodes
+        ids = [e.episode_id for e in opened]
+        observations = [e.observation for e in opened]
+        for text in ["('move', 0)", "('move', 2)", "('move', 0)", "('move', 2)"]:
+            step = client.call(Env, "Step", env_pb2.StepRequest(
+                actions=[env_pb2.Action(episode_id=i, text=text) for i in ids],
+                include_image=include_image))
+            observations += [r.observation for r in step.results]
+        client.call(Env, "Close", env_pb2.CloseRequest(episode_ids=ids))
+        return observations
+
+    for obs in play(include_image=False):
+        assert obs.HasField("image") and obs.image.ByteSize() == 0
+    untouched = _frame_cache_metrics(metrics_port)
+    assert untouched["hits"] == untouched["misses"] == untouched["entries"] == 0
+
+    observations = play(include_image=True)
+    for obs in observations:
+        assert obs.image.png.startswith(b"\x89PNG")
+        assert obs.image.sha256 == hashlib.sha256(obs.image.png).hexdigest()
+    distinct = {obs.image.sha256 for obs in observations}
+    used = _frame_cache_metrics(metrics_port)
+    assert used["misses"] == len(distinct) < 10  # each distinct state encoded once
+    assert used["hits"] == len(observations) - len(distinct)
+    assert 0 < used["bytes"] <= used["max_bytes"] <= 64 * 2**20
 
 
 def test_reward_services_report_name_and_differ(start_env) -> None:

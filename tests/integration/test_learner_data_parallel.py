@@ -4,6 +4,7 @@ give the same update as 1 actor on the same batch."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import random
 
 import numpy as np
@@ -39,7 +40,9 @@ def rows(model_dir, n: int = 6) -> list[TrainSample]:  # noqa: ANN001
             input_ids=np.asarray(ids), loss_mask=np.asarray([0] * len(enc.token_ids) + [1] * k),
             logprobs=np.asarray([0.0] * len(enc.token_ids) + [-1.5] * k),
             reward=float(i % 2), group_id="g", adapter_version=1,
-            advantage=1.0 if i % 2 else -1.0, extras={"images": enc.images}))
+            advantage=1.0 if i % 2 else -1.0,
+            # as the learner's rows carry them: the frames' PNG bytes and their sha256
+            extras={"images": [obs.png], "image_keys": [hashlib.sha256(obs.png).hexdigest()]}))
     return out
 
 

@@ -98,6 +98,33 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(engine, requests_
         assert g.text == engine.codec.decode(g.token_ids)
 
 
+def test_duplicate_prompts_share_one_prefill_and_keep_their_own_seeds(engine, requests_):
+    """A batch with repeated prompts prefills each distinct prompt once; every request is
+    still sampled from its own seed and records the logprobs a fresh forward pass gives."""
+    r0, r1 = requests_[0], requests_[1]
+    batch = [GenerationRequest(r.prompt_ids, r.images, seed=s)
+             for r, s in ((r0, 11), (r1, 12), (r0, 13), (r0, 14), (r1, 15))]
+    params = SamplingConfig(temperature=1.0, max_new_tokens=6)
+    before_rows, before_served = engine.prefill_rows, engine.requests_served
+    gens = engine.generate(batch, params)
+    assert engine.prefill_rows - before_rows == 2
+    assert engine.requests_served - before_served == 5
+    for req, gen in zip(batch, gens, strict=True):  # the same as generating each alone
+        assert engine.generate([req], params)[0].token_ids == gen.token_ids
+    with engine.using(None) as model:
+        assert_logprobs_match(model, engine.processor, batch, gens, 1.0)
+
+
+def test_the_vision_tower_runs_once_per_distinct_frame(engine, requests_):
+    engine.vision.clear()
+    params = SamplingConfig(temperature=0.0, max_new_tokens=2)
+    engine.generate(requests_, params)
+    misses = engine.vision.misses
+    engine.generate(requests_ + requests_, params)
+    assert engine.vision.misses == misses  # every frame came from the cache
+    assert len(engine.vision) == len(requests_)
+
+
 def test_greedy_is_deterministic_and_takes_the_argmax(engine, requests_):
     params = SamplingConfig(temperature=0.0, max_new_tokens=6)
     a = engine.generate(requests_, params)

@@ -5,22 +5,7 @@ import math
 import pytest
 import torch
 
-from rlfleet.grpo import GRPOConfig, TrainSample, grpo_loss, make_micro_batches, token_logprobs
-
-
-def test_token_logprobs_alignment() -> None:
-    logits = torch.randn(2, 4, 5, dtype=torch.float64)
-    ids = torch.tensor([[0, 3, 1, 4], [2, 2, 0, 1]])
-    out = token_logprobs(logits, ids, temperature=0.5)
-    assert out.shape == (2, 4) and (out[:, 0] == 0).all()
-    for b in range(2):
-        for t in range(1, 4):
-            expected = torch.log_softmax(logits[b, t - 1] / 0.5, -1)[ids[b, t]]
-            assert out[b, t].item() == pytest.approx(expected.item())
-    with pytest.raises(ValueError, match="temperature"):
-        token_logprobs(logits, ids, temperature=0.0)
-    with pytest.raises(ValueError, match="B, T, V"):
-        token_logprobs(logits[:, :3], ids)
+from rlfleet.grpo import GRPOConfig, TrainSample, grpo_loss, make_micro_batches
 
 
 def one_batch(advantages: list[float]) -> tuple:
@@ -72,10 +57,3 @@ def test_shape_mismatch_raises() -> None:
     mb, old = one_batch([1.0])
     with pytest.raises(ValueError, match="logp_new"):
         grpo_loss(old[:, :2], mb, GRPOConfig())
-
-
-def test_token_logprobs_upcasts_low_precision_logits() -> None:
-    logits = torch.randn(1, 3, 4).to(torch.bfloat16)
-    ids = torch.tensor([[0, 1, 2]])
-    assert token_logprobs(logits, ids).dtype == torch.float32
-    assert token_logprobs(logits.double(), ids).dtype == torch.float64

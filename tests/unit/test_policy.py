@@ -25,6 +25,7 @@ from rlfleet.policy import (
 )
 from rlfleet.policy.loading import vision_token_ids
 from rlfleet.policy.tokenizer import ACTION_TOKENS, SPECIAL_TOKENS
+from rlfleet.policy.vision import VisionEncoder, vision_is_frozen
 
 
 @pytest.fixture(scope="module")
@@ -346,3 +347,68 @@ def test_sequence_logprobs_temperature_and_gradient(policy, codec):
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert any("visual" in n for n in grads) and any("language_model" in n for n in grads)
     model.zero_grad(set_to_none=True)
+
+
+# -- the vision cache --------------------------------------------------------------------
+
+
+def png_bytes(image: Image.Image) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_cached_vision_and_loss_positions_give_the_same_logprobs_and_gradient(policy, codec):
+    """The learner's fast path (tower outputs from the cache, PNG bytes in, vocabulary
+    projection at the loss positions only) computes exactly the full path's values."""
+    model, processor = policy
+    tr = multi_turn(policy, codec)
+    mask = torch.tensor([tr.loss_mask], dtype=torch.float32)
+    vision = VisionEncoder(model, processor)
+    pngs = [png_bytes(im) for im in tr.images]
+    for p in model.model.visual.parameters():
+        p.requires_grad_(False)  # the cache serves a frozen tower, as under LoRA
+    try:
+        full = sequence_logprobs(model, processor, [tr.token_ids], [tr.images])
+        (full * mask).sum().backward()
+        want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        for _ in range(2):  # a miss, then a hit
+            fast = sequence_logprobs(model, processor, [tr.token_ids], [pngs],
+                                     score_mask=mask, vision=vision)
+        torch.testing.assert_close(fast * mask, full * mask, atol=1e-6, rtol=1e-6)
+        assert torch.all(fast[mask == 0] == 0)
+        (fast * mask).sum().backward()
+        got = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        assert got.keys() == want.keys()
+        for n in want:
+            torch.testing.assert_close(got[n], want[n], atol=1e-6, rtol=1e-5)
+    finally:
+        model.zero_grad(set_to_none=True)
+        for p in model.model.visual.parameters():
+            p.requires_grad_(True)
+    assert vision.misses == len(set(pngs)) and vision.hits >= len(pngs)
+
+
+def test_vision_cache_is_bounded_in_bytes_and_evicts_the_oldest(policy):
+    model, processor = policy
+    one = VisionEncoder(model, processor).encode([noise_image(32, 0)])[0].nbytes
+    vision = VisionEncoder(model, processor, max_bytes=3 * one)
+    images = [noise_image(32, s) for s in range(5)]
+    vision.encode(images)
+    assert len(vision) == 3 and vision.cached_bytes <= 3 * one
+    misses = vision.misses
+    vision.encode(images[-3:])  # the newest three are still there
+    assert vision.misses == misses
+    vision.encode(images[:1])  # the oldest was evicted
+    assert vision.misses == misses + 1
+
+
+def test_vision_is_frozen_follows_requires_grad(tiny_dir, policy):
+    from rlfleet.policy.lora import add_lora, lora_config
+
+    assert not vision_is_frozen(policy[0])  # a bare model trains everything
+    peft_model = add_lora(load_policy(tiny_dir)[0], lora_config(4))
+    assert vision_is_frozen(peft_model)  # LoRA on the language model only

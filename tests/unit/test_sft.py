@@ -50,11 +50,13 @@ def test_examples_cover_off_path_states_with_oracle_labels():
     for e in examples:
         assert e.action == oracle_action(layout, e.agent)
         assert (e.action.kind == "stop") == (e.agent == layout.target)
-    # the text is worded exactly as the rollout service's last_frame turn
+    # the text is worded exactly as the rollout service's per-turn contexts word it
     instruction = MazeEpisode(layout).observe().instruction
     for e in examples:
-        assert e.text.startswith(instruction + "\n\nFeedback: ")
-        assert f"Turns left: {20 - e.turn} of 20." in e.text
+        text = e.prompt_text("last_frame")
+        assert text.startswith(instruction + "\n\nFeedback: ")
+        assert f"Turns left: {20 - e.turn} of 20." in text
+        assert e.prompt_text("frame_only") == e.feedback
 
 
 def test_played_states_look_like_real_play():
@@ -77,7 +79,7 @@ def test_encoded_target_is_one_action_token_then_im_end(tiny_dir):
     codec = ChatCodec(processor)
     seed = train_seeds(0, 1, 7).seeds[0]
     ex = maze_examples(seed, 7, np.random.default_rng(0))[0]
-    enc = encode_example(codec, ex)
+    enc = encode_example(codec, ex, "last_frame")
     assert len(enc.target_ids) == 2 and enc.target_ids[-1] == codec.im_end_id
     assert codec.decode(enc.target_ids) == ex.action_text
     assert enc.prompt_ids.count(codec.image_pad_id) == 49  # 7x7 cells at 16 px
@@ -89,8 +91,8 @@ def test_batch_points_at_the_agent_image_token_and_its_legal_moves(tiny_dir):
     seed = train_seeds(0, 1, 7).seeds[0]
     layout = generate_layout(seed, 7)
     examples = maze_examples(seed, 7, np.random.default_rng(0))[:6]
-    for short in (False, True):  # last_frame and frame_only prompts differ in length
-        encs = [encode_example(codec, e, short) for e in examples]
+    for context in ("last_frame", "frame_only"):  # prompts of different lengths
+        encs = [encode_example(codec, e, context) for e in examples]
         batch = make_batch(processor, encs)
         ids = batch.inputs.input_ids
         for r, e in enumerate(examples):

@@ -1,8 +1,10 @@
-"""rlfleet.storage.adapters: publish, verify (every kind of tampering), list, collect."""
+"""rlfleet.storage.adapters: publish, verify (every kind of tampering), read verified into
+memory, list, collect."""
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -22,6 +24,7 @@ from rlfleet.storage.adapters import (
     manifest_sha256,
     prune_versions,
     publish_adapter_dir,
+    read_verified_adapter,
     remove_version,
     verify_adapter_dir,
 )
@@ -262,3 +265,168 @@ def test_remove_and_prune(rr: RunsRoot) -> None:
     assert list_versions(rr, "exp") == [3, 5]
     assert sorted(os.listdir(rr.adapters_root("exp"))) == ["v000003", "v000005"]
     verify_adapter_dir(rr.adapter_dir("exp", 5))
+
+
+# -- reading a version into memory, verified (what a replica loads) ----------------------
+
+
+def test_read_verified_adapter_returns_exactly_the_published_bytes(rr: RunsRoot) -> None:
+    files = _files(seed=3)
+    m = publish_adapter_dir(rr, "exp", 4, files, BASE, step=40)
+    path = rr.adapter_dir("exp", 4)
+    got = read_verified_adapter(path, expected_sha256=m.manifest_sha256, run="exp", version=4)
+    assert {n: bytes(v) for n, v in got.files.items()} == files
+    assert got.manifest == m and got.manifest.manifest_sha256 == m.manifest_sha256
+    assert got.manifest_bytes == (path / MANIFEST_FILE).read_bytes()
+    assert got.nbytes == sum(len(b) for b in files.values())
+    # the bytes are the reader's own: rewriting the shared file changes nothing in memory
+    (path / ADAPTER_WEIGHTS_FILE).write_bytes(b"x" * len(files[ADAPTER_WEIGHTS_FILE]))
+    assert bytes(got.files[ADAPTER_WEIGHTS_FILE]) == files[ADAPTER_WEIGHTS_FILE]
+    assert not got.files[ADAPTER_WEIGHTS_FILE].readonly  # loadable without a copy
+
+
+def test_read_verified_adapter_large_file_uses_private_memory(rr: RunsRoot) -> None:
+    big = np.arange(3 << 20, dtype=np.float32)  # 12 MB: the huge-page buffer path
+    files = {ADAPTER_WEIGHTS_FILE: safetensors.numpy.save({"w": big}),
+             ADAPTER_CONFIG_FILE: _files()[ADAPTER_CONFIG_FILE]}
+    m = publish_adapter_dir(rr, "exp", 1, files, BASE, step=1)
+    got = read_verified_adapter(rr.adapter_dir("exp", 1), expected_sha256=m.manifest_sha256)
+    assert bytes(got.files[ADAPTER_WEIGHTS_FILE]) == files[ADAPTER_WEIGHTS_FILE]
+
+
+@pytest.mark.parametrize("tamper", ["flip", "truncate", "extra", "missing", "symlink",
+                                    "fifo", "manifest_edit"])
+def test_read_verified_adapter_refuses_tampering(published: Path, tmp_path: Path,
+                                                  tamper: str) -> None:
+    sha = manifest_sha256(published)
+    w = published / ADAPTER_WEIGHTS_FILE
+    if tamper == "flip":
+        data = bytearray(w.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        w.write_bytes(bytes(data))
+    elif tamper == "truncate":
+        w.write_bytes(w.read_bytes()[:-1])
+    elif tamper == "extra":
+        (published / "evil.py").write_bytes(b"import os")
+    elif tamper == "missing":
+        w.unlink()
+    elif tamper == "symlink":
+        target = tmp_path / "w.safetensors"
+        target.write_bytes(w.read_bytes())
+        w.unlink()
+        w.symlink_to(target)
+    elif tamper == "fifo":  # must be refused, not block the reader forever
+        w.unlink()
+        os.mkfifo(w)
+    elif tamper == "manifest_edit":
+        _edit_manifest(published, step=12345)
+    with pytest.raises(AdapterVerificationError):
+        read_verified_adapter(published, expected_sha256=sha)
+    with pytest.raises(AdapterVerificationError):
+        verify_adapter_dir(published, expected_sha256=sha)
+
+
+def test_read_verified_adapter_checks_identity_run_and_version(published: Path) -> None:
+    sha = manifest_sha256(published)
+    with pytest.raises(AdapterVerificationError, match="expected"):
+        read_verified_adapter(published, expected_sha256="0" * 64)
+    with pytest.raises(AdapterVerificationError, match="required"):
+        read_verified_adapter(published, expected_sha256="")
+    with pytest.raises(AdapterVerificationError, match="run"):
+        read_verified_adapter(published, expected_sha256=sha, run="other")
+    with pytest.raises(AdapterVerificationError, match="version"):
+        read_verified_adapter(published, expected_sha256=sha, version=2)
+    read_verified_adapter(published, expected_sha256=sha, run="exp", version=1)
+
+
+def test_version_dir_that_is_a_symlink_is_refused(rr: RunsRoot, tmp_path: Path) -> None:
+    m = publish_adapter_dir(RunsRoot(tmp_path / "elsewhere"), "exp", 1, _files(), BASE, 1)
+    rr.adapters_root("exp").mkdir(parents=True)
+    link = rr.root / "exp" / "adapters" / "v000001"
+    link.symlink_to(tmp_path / "elsewhere" / "exp" / "adapters" / "v000001")
+    with pytest.raises(AdapterVerificationError, match="not a directory"):
+        verify_adapter_dir(link)
+    with pytest.raises(AdapterVerificationError):
+        read_verified_adapter(link, expected_sha256=m.manifest_sha256)
+
+
+def test_file_that_changes_while_read_is_refused(published: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    sha = manifest_sha256(published)
+    w = published / ADAPTER_WEIGHTS_FILE
+    real_readv = os.readv
+
+    def readv_then_truncate(fd: int, buffers):  # noqa: ANN001, ANN202
+        n = real_readv(fd, buffers)
+        if os.readlink(f"/proc/self/fd/{fd}") == str(w):
+            os.truncate(w, 8)  # a writer shortens the file between the stat and the read
+        return n
+
+    monkeypatch.setattr(os, "readv", readv_then_truncate)
+    monkeypatch.setattr("rlfleet.storage.adapters._CHUNK", 64)  # several reads per file
+    with pytest.raises(AdapterVerificationError, match="changed while being read"):
+        read_verified_adapter(published, expected_sha256=sha)
+
+
+# -- publishing: hash from memory, each file fsynced once ---------------------------------
+
+
+def _fsync_counter(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        counts[target] = counts.get(target, 0) + 1
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return counts
+
+
+def test_publish_fsyncs_each_file_once_and_never_reads_back(
+        rr: RunsRoot, monkeypatch: pytest.MonkeyPatch) -> None:
+    files = _files(seed=5)
+    rr.adapters_root("exp").mkdir(parents=True)
+    counts = _fsync_counter(monkeypatch)
+    real_open = os.open
+    reads: list[str] = []
+
+    def no_read_back(path, flags, *args, **kwargs):  # noqa: ANN001, ANN202
+        if str(path).endswith(ADAPTER_WEIGHTS_FILE) and not flags & (os.O_WRONLY | os.O_RDWR):
+            reads.append(str(path))  # a read-only open of the weights the publisher wrote
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_read_back)
+    timings: dict[str, float] = {}
+    m = publish_adapter_dir(rr, "exp", 1, files, BASE, step=1, timings=timings)
+    monkeypatch.undo()
+    final = rr.adapter_dir("exp", 1)
+    # every file of the version, its dir and the parent: synced exactly once each
+    synced = {Path(p).name: n for p, n in counts.items()}
+    for name in (*files, MANIFEST_FILE):
+        assert synced.get(name) == 1, (name, counts)
+    assert all(n == 1 for n in counts.values()), counts
+    assert len(reads) == 1  # only fsync_file's open to sync it: never re-read to hash
+    assert verify_adapter_dir(final, expected_sha256=m.manifest_sha256) == m
+    assert {n: e.sha256 for n, e in m.files.items()} == {
+        n: hashlib.sha256(b).hexdigest() for n, b in files.items()}
+    assert {"write_s", "hash_wait_s", "fsync_wait_s", "manifest_s", "rename_s"} <= set(timings)
+
+
+def test_publish_fsync_failure_publishes_nothing(rr: RunsRoot,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(ADAPTER_WEIGHTS_FILE):
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(StorageError) as info:
+        publish_adapter_dir(rr, "exp", 1, _files(), BASE, step=1)
+    monkeypatch.undo()
+    assert info.value.errno == errno.EIO
+    assert list_versions(rr, "exp") == []
+    assert os.listdir(rr.adapters_root("exp")) == []  # the temp dir is gone too

@@ -25,10 +25,12 @@ same way:
   never sampled, and the softmax above is taken over the remaining vocabulary, by the
   engines and by ``sequence_logprobs`` alike. A generated placeholder would break the
   image positions of every later turn.
-* Reproducibility: with ``SamplingConfig.seed`` set, the same engine, requests, params
-  and adapter give the same tokens. Request i of a batch is sampled as if seeded with
-  ``seed + i``, so the result of one request does not depend on the batch it rides in
-  (up to floating-point differences from padding).
+* Reproducibility: a request with its own ``GenerationRequest.seed`` is sampled from
+  that seed; otherwise, with ``SamplingConfig.seed`` set, request i of a batch is sampled
+  as if seeded with ``seed + i``. Either way the same engine, requests, params and
+  adapter give the same tokens, and the result of one request does not depend on the
+  batch it rides in (up to floating-point differences from padding), so requests with
+  their own seeds can share any batch.
 * Adapters: ``adapter=None`` means the base model with every adapter disabled.
   ``load_adapter(name, path)`` reads a PEFT LoRA directory (``adapter_config.json`` +
   ``adapter_model.safetensors``); loading an existing name again replaces it in place.
@@ -45,7 +47,7 @@ from PIL import Image
 from rlfleet.policy.loading import vision_token_ids
 
 __all__ = ["Engine", "EngineError", "Generation", "GenerationRequest", "SamplingConfig",
-           "vision_token_ids"]
+           "request_seed", "vision_token_ids"]
 
 FinishReason = Literal["stop", "length"]
 
@@ -77,10 +79,19 @@ class SamplingConfig:
 
 @dataclass
 class GenerationRequest:
-    """One prompt: token ids with image placeholders expanded, and its images in order."""
+    """One prompt: token ids with image placeholders expanded, its images in order, and
+    optionally its own sampling seed."""
 
     prompt_ids: list[int]
     images: list[Image.Image] = field(default_factory=list)
+    seed: int | None = None
+
+
+def request_seed(params: SamplingConfig, index: int, request: GenerationRequest) -> int | None:
+    """The seed request ``index`` of a batch is sampled with (None: unseeded)."""
+    if request.seed is not None:
+        return int(request.seed)
+    return None if params.seed is None else int(params.seed) + index
 
 
 @dataclass

@@ -57,6 +57,7 @@ from rlfleet.engines.base import (
     Generation,
     GenerationRequest,
     SamplingConfig,
+    request_seed,
     vision_token_ids,
 )
 
@@ -277,7 +278,7 @@ class VLLMEngine(Engine):
                     top_p=params.top_p,
                     top_k=params.top_k,
                     max_tokens=params.max_new_tokens,
-                    seed=None if params.seed is None else int(params.seed) + i,
+                    seed=request_seed(params, i, requests[i]),
                     logprobs=0,
                     stop_token_ids=[self._im_end],
                     # outside the action space (see rlfleet.engines.base); vLLM applies the
@@ -508,7 +509,8 @@ class VLLMProcessEngine(Engine):
         result = self._call(
             "generate",
             requests=[
-                {"prompt_ids": list(r.prompt_ids), "images": [_encode_image(im) for im in r.images]}
+                {"prompt_ids": list(r.prompt_ids),
+                 "images": [_encode_image(im) for im in r.images], "seed": r.seed}
                 for r in requests
             ],
             params=_params_to_dict(params),
@@ -545,7 +547,8 @@ def _handle(engine: VLLMEngine, msg: dict[str, Any]) -> Any:
     op = msg.get("op")
     if op == "generate":
         requests = [
-            GenerationRequest(list(r["prompt_ids"]), [_decode_image(d) for d in r["images"]])
+            GenerationRequest(list(r["prompt_ids"]), [_decode_image(d) for d in r["images"]],
+                              r.get("seed"))
             for r in msg["requests"]
         ]
         gens = engine.generate(requests, SamplingConfig(**msg["params"]), msg.get("adapter"))

@@ -22,7 +22,7 @@ from rlfleet.grpo.losses import (
     register_policy_loss,
 )
 from rlfleet.grpo.sample import TrainSample
-from rlfleet.grpo.step import grpo_loss, token_logprobs
+from rlfleet.grpo.step import grpo_loss
 
 __all__ = [
     "AdvantageResult",
@@ -43,5 +43,4 @@ __all__ = [
     "register_kl_estimator",
     "register_policy_loss",
     "staleness_keep_mask",
-    "token_logprobs",
 ]

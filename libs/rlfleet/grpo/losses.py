@@ -62,6 +62,7 @@ def aggregate(
     mask: torch.Tensor,
     mode: str,
     denominator: float | None = None,
+    row_divisor: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reduce a [B, T] per-token loss to a scalar.
 
@@ -71,6 +72,10 @@ def aggregate(
     ``denominator`` replaces the local count (loss tokens for token_mean, rows for
     sequence_mean) with the count over the whole optimiser step, which is what makes the
     micro-batch losses sum to the full-batch loss (see ``batching.MicroBatch``).
+    ``row_divisor`` [B] replaces each row's own loss-token count in ``sequence_mean``:
+    a trajectory split into rows divides every row by the trajectory's count, so with
+    ``denominator`` = trajectories the result is the mean over trajectories of each
+    trajectory's token mean.
     """
     if mode not in LOSS_REDUCTIONS:
         raise ValueError(f"unknown loss reduction {mode!r}; expected one of {LOSS_REDUCTIONS}")
@@ -84,7 +89,8 @@ def aggregate(
     if mode == "token_mean":
         count = mask.sum() if denominator is None else denominator
         return masked.sum() / _positive(count)
-    per_row = masked.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1.0)
+    divisor = mask.sum(dim=-1) if row_divisor is None else row_divisor.to(masked.dtype)
+    per_row = masked.sum(dim=-1) / divisor.clamp(min=1.0)
     count = per_row.shape[0] if denominator is None else denominator
     return per_row.sum() / _positive(count)
 

@@ -29,6 +29,11 @@ class TrainSample:
     - ``advantage``: filled by ``filtering.prepare_batch``; None until then.
     - ``extras``: opaque per-trajectory data (images, pixel_values, turn boundaries...)
       carried through batching untouched, in order.
+    - ``sequence_key`` / ``sequence_loss_tokens``: when one trajectory is trained as
+      several rows (one per turn in the per-turn contexts), every row names the trajectory
+      it belongs to and that trajectory's loss-token count, so ``sequence_mean`` averages
+      within each trajectory and then over trajectories, never over rows. Unset (None /
+      0): the row is its own trajectory.
     """
 
     input_ids: npt.NDArray[np.int64]
@@ -39,6 +44,8 @@ class TrainSample:
     adapter_version: int
     advantage: float | None = None
     extras: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    sequence_key: Hashable | None = None
+    sequence_loss_tokens: int = 0
 
     def __post_init__(self) -> None:
         ids = np.asarray(self.input_ids)
@@ -69,6 +76,9 @@ class TrainSample:
             raise ValueError(f"adapter_version must be an int, got {self.adapter_version!r}")
         if self.advantage is not None and not np.isfinite(self.advantage):
             raise ValueError(f"advantage must be finite, got {self.advantage!r}")
+        if self.sequence_loss_tokens and self.sequence_loss_tokens < mask.sum():
+            raise ValueError(f"sequence_loss_tokens={self.sequence_loss_tokens} is fewer than "
+                             f"this row's {int(mask.sum())} loss tokens")
         object.__setattr__(self, "input_ids", ids.astype(np.int64, copy=False))
         object.__setattr__(self, "loss_mask", mask)
         object.__setattr__(self, "logprobs", logp)
@@ -82,6 +92,11 @@ class TrainSample:
     @property
     def num_loss_tokens(self) -> int:
         return int(self.loss_mask.sum())
+
+    @property
+    def sequence_divisor(self) -> int:
+        """Loss tokens of the whole trajectory this row belongs to (sequence_mean)."""
+        return self.sequence_loss_tokens or self.num_loss_tokens
 
     def with_advantage(self, advantage: float) -> TrainSample:
         return dataclasses.replace(self, advantage=float(advantage))

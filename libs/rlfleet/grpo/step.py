@@ -3,7 +3,8 @@
 Alignment convention (all [B, T] tensors of this package): position t holds the quantity
 for token t *given tokens < t*: ``logp[:, t] = log pi(input_ids[:, t] | input_ids[:, :t])``.
 Position 0 has no prediction (its value is unused and ``loss_mask[:, 0]`` is 0). A causal
-LM's ``logits[:, t]`` predicts token t + 1, so ``token_logprobs`` shifts by one.
+LM's ``logits[:, t]`` predicts token t + 1, so ``rlfleet.policy.sequence_logprobs`` (the
+one place logprobs are computed, with the engines' action space) shifts by one.
 """
 
 from __future__ import annotations
@@ -13,28 +14,6 @@ import torch
 from rlfleet.grpo.batching import MicroBatch
 from rlfleet.grpo.config import GRPOConfig
 from rlfleet.grpo.losses import aggregate, get_kl_estimator, get_policy_loss, masked_mean
-
-
-def token_logprobs(
-    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0
-) -> torch.Tensor:
-    """[B, T, V] logits of a causal LM run on ``input_ids`` [B, T] -> aligned logprobs [B, T].
-
-    Logits are divided by ``temperature`` (the sampling temperature) so the learner scores
-    tokens under the same distribution the rollout sampled from. Computed in at least
-    float32 (bf16/fp16 logits are upcast; float64 stays float64).
-    """
-    if logits.dim() != 3 or logits.shape[:2] != input_ids.shape:
-        raise ValueError(
-            f"logits {tuple(logits.shape)} must be [B, T, V] for input_ids {tuple(input_ids.shape)}"
-        )
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    dtype = torch.promote_types(logits.dtype, torch.float32)
-    scaled = logits[:, :-1].to(dtype) / temperature
-    targets = input_ids[:, 1:].unsqueeze(-1)
-    picked = scaled.gather(-1, targets).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
-    return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
 
 
 def grpo_loss(
@@ -64,7 +43,8 @@ def grpo_loss(
 
     policy_fn = get_policy_loss(cfg.policy_loss)
     per_token, stats = policy_fn(logp_new, old, adv, mask, cfg)
-    policy = aggregate(per_token, mask, cfg.loss_reduction, denominator)
+    divisor = batch.row_divisor.to(device=logp_new.device, dtype=logp_new.dtype)
+    policy = aggregate(per_token, mask, cfg.loss_reduction, denominator, divisor)
     total = policy
     stats = dict(stats)
     stats["policy_loss"] = float(policy.detach())
@@ -78,7 +58,7 @@ def grpo_loss(
         # Compare only on loss tokens; elsewhere both sides may be arbitrary.
         ref = torch.where(mask > 0, ref, logp_new.detach())
         kl = get_kl_estimator(cfg.kl_estimator)(logp_new, ref)
-        kl_loss = aggregate(kl, mask, cfg.loss_reduction, denominator)
+        kl_loss = aggregate(kl, mask, cfg.loss_reduction, denominator, divisor)
         total = total + cfg.kl_coef * kl_loss
         stats["kl"] = masked_mean(kl, mask)
         stats["kl_loss"] = float(kl_loss.detach())

@@ -22,16 +22,21 @@ def learning_curve(steps: list[dict], evals: list[dict], out: Path, title: str =
     ax1.set_ylim(-0.02, 1.02)
     ax1.legend(loc="lower right")
     ax1.grid(alpha=0.3)
-    for name, color in (("eval", "#d65f5f"), ("heldout", "#956cb4")):
-        pts = [(e["step"], e[name]) for e in evals if name in e]
-        if not pts:
-            continue
+    # One series per set and size: the full sets at the start and end, and the smaller
+    # held-out subset of the periodic evals in between.
+    colors = iter(("#d65f5f", "#956cb4", "#ee854a", "#8c613c"))
+    series: dict[tuple[str, int], list] = {}
+    for e in evals:
+        for name in ("eval", "heldout"):
+            if name in e:
+                series.setdefault((name, e[name]["episodes"]), []).append((e["step"], e[name]))
+    for (name, episodes), pts in sorted(series.items()):
         xs = [p[0] for p in pts]
         ys = [100 * p[1]["solve_rate"] for p in pts]
         err = [100 * p[1]["solve_rate_se"] for p in pts]
         kind = "eval" if name == "eval" else "held-out"
-        label = f"{pts[0][1]['episodes']} {kind} mazes"
-        ax2.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label, color=color)
+        ax2.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{episodes} {kind} mazes",
+                     color=next(colors, None), linestyle="-" if len(pts) > 2 else "--")
     ax2.set_ylabel("greedy true solve rate (%)")
     ax2.set_xlabel("GRPO step")
     ax2.grid(alpha=0.3)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from rlfleet.local.metrics import read_events
 from rlfleet.local.plots import learning_curve
 from rlfleet.local.stack import start_stack
 from rlfleet.policy.profiles import resolve_model_dir
@@ -49,6 +50,69 @@ def _table(first: dict, last: dict) -> str:
                              f"{100 * (y - x):>+9.1f}pt")
             else:
                 lines.append(f"{label_:<28}{x:>16.2f}{y:>16.2f}{y - x:>+10.2f}")
+    return "\n".join(lines)
+
+
+# What issue #9 asks of the local run, beside what it measured.
+SIGNAL_TARGET_PER_MIN = 3 * 133  # 3x the 133 signal trajectories/min of the first version
+HELDOUT_TARGET_POINTS = 15.0
+WALL_TARGET_MIN = 15.0
+RATIO_TARGET = 0.70
+
+
+def step_breakdown(steps: list[dict], evals: list[dict]) -> dict:
+    """Means per step of each phase (evals: per eval), and what the steps trained on."""
+    if not steps:
+        return {}
+
+    def mean(key: str) -> float:
+        return round(sum(s.get(key, 0.0) for s in steps) / len(steps), 3)
+
+    out = {f"{phase}_s": mean(f"{phase}_s") for phase in ("rollout", "score", "update",
+                                                          "publish", "step")}
+    out["eval_s"] = round(sum(e["seconds"] for e in evals) / max(len(evals), 1), 2)
+    out["eval_s_total"] = round(sum(e["seconds"] for e in evals), 1)
+    out.update(rows=mean("rows"), forward_rows=mean("forward_rows"),
+               mean_turns=mean("mean_turns"), trajectories=mean("trajectories"),
+               signal_trajectories=mean("signal_trajectories"),
+               signal_per_min=round(steps[-1]["signal_per_min"], 1))
+    return out
+
+
+def targets_table(summary: dict) -> str:
+    """Each target of the local run beside its measured figure, met or not."""
+    rows: list[tuple[str, str, str, bool | None]] = []
+    change = summary["change_points"].get("heldout")
+    if change is not None:
+        rows.append(("held-out greedy true solve, change", f"{change:+.1f} pt",
+                     f">= +{HELDOUT_TARGET_POINTS:.0f} pt", change >= HELDOUT_TARGET_POINTS))
+    minutes = summary["wall_clock_s"] / 60
+    rows.append(("wall clock, whole run", f"{minutes:.1f} min", f"<= {WALL_TARGET_MIN:.0f} min",
+                 minutes <= WALL_TARGET_MIN))
+    per = summary["per_step"]
+    if per:
+        rows.append(("signal trajectories / min of steps", f"{per['signal_per_min']:.0f}",
+                     f">= {SIGNAL_TARGET_PER_MIN}", per["signal_per_min"] >= SIGNAL_TARGET_PER_MIN))
+    cal = summary.get("calibration")
+    if cal:
+        rows.append(("update vs bare forward+backward", f"{cal['update_vs_bare']:.2f}x",
+                     f">= {RATIO_TARGET:.2f}x", cal["update_vs_bare"] >= RATIO_TARGET))
+        rows.append(("rollout vs bare batched forward", f"{cal['rollout_vs_bare']:.2f}x",
+                     f">= {RATIO_TARGET:.2f}x", cal["rollout_vs_bare"] >= RATIO_TARGET))
+    retries = sum(summary.get("pool_retries", {}).values())
+    rows.append(("pool: groups re-sent (retries)", f"{retries}", "0", retries == 0))
+    if per:
+        for key, label in (("rollout_s", "rollout wait"), ("score_s", "scoring"),
+                           ("update_s", "update"), ("publish_s", "publish + live"),
+                           ("eval_s", "eval (each)")):
+            rows.append((f"per step: {label}", f"{per[key]:.2f} s", "", None))
+        rows.append(("per step: rows (distinct)", f"{per['rows']:.0f} ({per['forward_rows']:.0f})",
+                     "", None))
+        rows.append(("per episode: mean turns", f"{per['mean_turns']:.1f}", "", None))
+    lines = [f"{'':<38}{'measured':>14}{'target':>14}  met"]
+    for label, value, target, met in rows:
+        mark = "" if met is None else ("yes" if met else "NO")
+        lines.append(f"{label:<38}{value:>14}{target:>14}  {mark}")
     return "\n".join(lines)
 
 
@@ -122,12 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     if learner_rc != 0:
         print(f"learner failed (exit {learner_rc}); service logs in {run_dir / 'logs'}")
         return learner_rc
-    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    events = read_events(run_dir / "metrics.jsonl")
     evals = [e for e in events if e["event"] == "eval"]
     steps = [e for e in events if e["event"] == "step"]
+    full = [e for e in evals if "eval" in e]  # start and end: both full sets
     learning_curve(steps, evals, run_dir / "learning_curve.png", title=f"rlfleet {run}")
     wall = time.perf_counter() - started
-    before, after = evals[0], evals[-1]
+    before, after = full[0], full[-1]
+    calibration = next((e for e in events if e["event"] == "calibration"), None)
+    end = next((e for e in events if e["event"] == "end"), {})
     summary = {
         "run": run,
         "steps": steps[-1]["step"] if steps else 0,
@@ -136,18 +203,19 @@ def main(argv: list[str] | None = None) -> int:
         "config": cfg,
         "before": {k: before[k] for k in ("eval", "heldout") if k in before},
         "after": {k: after[k] for k in ("eval", "heldout") if k in after},
-        "eval_64": {
-            "true_solve_rate_before": before["eval"]["solve_rate"],
-            "true_solve_rate_after": after["eval"]["solve_rate"],
-            "pass_at_1_before": before["eval"]["pass_at_1"],
-            "pass_at_1_after": after["eval"]["pass_at_1"],
-            "mean_turns_before": before["eval"]["mean_turns"],
-            "mean_turns_after": after["eval"]["mean_turns"],
-        },
+        "change_points": {k: round(100 * (after[k]["solve_rate"] - before[k]["solve_rate"]), 2)
+                          for k in ("eval", "heldout") if k in before and k in after},
+        "per_step": step_breakdown(steps, evals),
+        "calibration": calibration,
+        "pool_retries": end.get("pool_retries", {}),
+        "curve": [{"step": e["step"], **{k: e[k]["solve_rate"] for k in ("eval", "heldout")
+                                         if k in e}} for e in evals],
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print()
     print(_table(before, after))
+    print()
+    print(targets_table(summary))
     print(f"\n{summary['steps']} GRPO steps in {wall / 60:.1f} min wall clock (whole run). "
           f"Wrote {run_dir / 'summary.json'}, {run_dir / 'metrics.jsonl'} and "
           f"{run_dir / 'learning_curve.png'}")

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from rlfleet.maze.actions import Action, ActionFormat, ParsedAction, parse_action
 from rlfleet.maze.layout import Layout, Position
 from rlfleet.maze.prompt import instruction_text, status_text
-from rlfleet.maze.render import DEFAULT_CELL_PX, check_cell_px, render_png
+from rlfleet.maze.render import DEFAULT_CELL_PX, Frame, check_cell_px, render_frame
 
 WALL_FEEDBACK = "Cannot move into a wall."
 START_FEEDBACK = "The episode has started. Make your first move."
@@ -124,15 +124,23 @@ class MazeEpisode:
 
     def observe(self, cell_px: int | None = None) -> Observation:
         """The current picture and text; `cell_px` overrides the episode's picture size."""
-        png = render_png(self.layout, self.agent, self.cell_px if cell_px is None else cell_px)
         return Observation(
-            png=png,
+            png=self.frame(cell_px).png,
             instruction=self.instruction,
-            status=status_text(self.feedback, self.stats.turns, self.max_turns),
+            status=self.status(),
             agent=self.agent,
             turn=self.stats.turns,
             done=self.done,
         )
+
+    def frame(self, cell_px: int | None = None) -> Frame:
+        """The current picture as PNG bytes with their sha256, encoded once per state
+        (see `rlfleet.maze.render.FRAME_CACHE`); the bytes `observe` returns."""
+        return render_frame(self.layout, self.agent, self.cell_px if cell_px is None else cell_px)
+
+    def status(self) -> str:
+        """The status line of `observe` (last feedback and turns left), without a picture."""
+        return status_text(self.feedback, self.stats.turns, self.max_turns)
 
     def step(self, text: str) -> StepOutcome:
         """Apply one model reply; raises EpisodeDone once the episode has ended."""

@@ -6,9 +6,14 @@ builds the prompts) and SFT (which must train on exactly the same prompts).
   sequence per episode; VisGym/SkyRL's setting and the 8B default.
 - ``last_frame``: every turn is a fresh prompt with the instruction, the current status
   and the current frame only; one sequence per turn.
-- ``frame_only``: like ``last_frame`` without the instruction text (the status and the
-  frame). For a small policy trained on one task, the constant instruction is pure cost:
-  about 190 of the ~290 tokens of a 7x7 ``last_frame`` prompt.
+- ``frame_only``: the current frame and the last step's feedback sentence only (e.g.
+  "Moved right." or "Cannot move into a wall."). For a small policy trained on one task
+  the constant instruction is pure cost (about 190 of the ~290 tokens of a 7x7
+  ``last_frame`` prompt), and so is the turn counter: a policy that sees only the frame
+  and the last move plays a Markov policy, which needs neither. Without the counter a
+  prompt is a pure function of (maze state, last feedback), so the many turns of a group
+  that reach the same state with the same feedback are the same sequence: the engines and
+  the learner compute such duplicates once.
 """
 
 from __future__ import annotations
@@ -18,11 +23,16 @@ import base64
 CONTEXTS = ("full", "last_frame", "frame_only")
 
 
-def turn_text(context: str, instruction: str, status: str) -> str:
-    """The text that goes with the frame in a fresh per-turn prompt (or the first one)."""
+def turn_text(context: str, instruction: str, status: str, feedback: str) -> str:
+    """The text that goes with the frame in a fresh per-turn prompt (or the first one).
+
+    ``status`` is the env's status line (feedback and turns left), ``feedback`` the last
+    step's feedback alone (the first observation's is the env's start message)."""
     if context not in CONTEXTS:
         raise ValueError(f"context must be one of {CONTEXTS}, got {context!r}")
-    if context == "frame_only" or not instruction:
+    if context == "frame_only":
+        return feedback
+    if not instruction:
         return status
     return f"{instruction}\n\n{status}"
 

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from PIL import Image
 
 from rlfleet.policy.loading import PolicyProcessor, vision_token_ids
+from rlfleet.policy.vision import ImageLike, VisionEncoder, encoder_outputs
 
 
 @dataclass
@@ -25,6 +25,9 @@ class ModelBatch:
     ``position_ids`` is ``(4, B, L)``: row 0 the plain text position (used for the causal
     mask and the KV cache), rows 1-3 the M-RoPE (temporal, height, width) positions.
     ``next_position`` is ``(B,)``: the M-RoPE position the next appended token takes.
+    Images arrive either as ``pixel_values`` for the model's vision tower, or, when a
+    :class:`~rlfleet.policy.vision.VisionEncoder` collated the batch, as its cached
+    outputs (``encoder_outputs``, Qwen3-VL's ``mm_encoder_outputs``).
     """
 
     input_ids: torch.Tensor
@@ -34,6 +37,7 @@ class ModelBatch:
     image_grid_thw: torch.Tensor | None
     next_position: torch.Tensor
     lengths: list[int]
+    encoder_outputs: dict | None = None
 
     def to(self, device: torch.device | str) -> ModelBatch:
         def mv(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -47,6 +51,7 @@ class ModelBatch:
             image_grid_thw=mv(self.image_grid_thw),
             next_position=self.next_position.to(device),
             lengths=self.lengths,
+            encoder_outputs=self.encoder_outputs,  # built on the model's device
         )
 
 
@@ -97,12 +102,17 @@ def mrope_positions(
 def collate(
     processor: PolicyProcessor,
     sequences: Sequence[Sequence[int]],
-    images: Sequence[Sequence[Image.Image]],
+    images: Sequence[Sequence[ImageLike]],
     *,
     padding_side: str = "right",
     pad_token_id: int | None = None,
+    vision: VisionEncoder | None = None,
+    image_keys: Sequence[bytes] | None = None,
 ) -> ModelBatch:
-    """Pad a batch of token sequences (placeholders expanded) and process their images."""
+    """Pad a batch of token sequences (placeholders expanded) and process their images:
+    into pixel values, or with ``vision`` into its (cached) tower outputs. Images may be
+    PNG bytes where ``vision`` is given; ``image_keys`` are their cache keys, flattened
+    in order, where the caller has computed them already."""
     if len(sequences) != len(images):
         raise ValueError("one image list per sequence")
     if not sequences or any(len(s) == 0 for s in sequences):
@@ -111,11 +121,16 @@ def collate(
     image_token_id = int(tok.convert_tokens_to_ids("<|image_pad|>"))
     pad = pad_token_id if pad_token_id is not None else int(tok.pad_token_id or 0)
     flat_images = [im for imgs in images for im in imgs]
-    pixel_values = grid = None
+    pixel_values = grid = encoded = None
     grids_per_row: list[list[list[int]]] = [[] for _ in sequences]
     if flat_images:
-        out = processor.image_processor(images=flat_images, return_tensors="pt")
-        pixel_values, grid = out["pixel_values"], out["image_grid_thw"]
+        if vision is not None:
+            features = vision.encode(flat_images, image_keys)
+            grid = torch.tensor([f.grid for f in features], dtype=torch.long)
+            encoded = encoder_outputs(features)
+        else:
+            out = processor.image_processor(images=flat_images, return_tensors="pt")
+            pixel_values, grid = out["pixel_values"], out["image_grid_thw"]
         k = 0
         for r, imgs in enumerate(images):
             grids_per_row[r] = grid[k : k + len(imgs)].tolist()
@@ -137,7 +152,8 @@ def collate(
         position_ids[1:, r, sl] = pos
         next_position[r] = nxt
     return ModelBatch(
-        input_ids, attention_mask, position_ids, pixel_values, grid, next_position, lengths
+        input_ids, attention_mask, position_ids, pixel_values, grid, next_position, lengths,
+        encoded,
     )
 
 
@@ -148,17 +164,26 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return get_base() if callable(get_base) else model
 
 
+def model_inputs(batch: ModelBatch) -> dict:
+    """The keyword arguments that put a collated batch into Qwen3-VL (or its inner
+    ``.model``); the one place that maps a ModelBatch onto the model's inputs."""
+    inputs = {
+        "input_ids": batch.input_ids,
+        "attention_mask": batch.attention_mask,
+        "position_ids": batch.position_ids,
+    }
+    if batch.encoder_outputs is not None:
+        inputs["mm_encoder_outputs"] = batch.encoder_outputs
+    elif batch.pixel_values is not None:
+        inputs["pixel_values"] = batch.pixel_values
+        inputs["image_grid_thw"] = batch.image_grid_thw
+    return inputs
+
+
 def forward(model: torch.nn.Module, batch: ModelBatch, **kwargs):  # noqa: ANN201
     """The model's output for a collated batch (kwargs: ``use_cache``, ``logits_to_keep``,
-    ...); the one place that maps a ModelBatch onto the model's inputs."""
-    return unwrap(model)(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        pixel_values=batch.pixel_values,
-        image_grid_thw=batch.image_grid_thw,
-        **{"use_cache": False, **kwargs},
-    )
+    ...)."""
+    return unwrap(model)(**model_inputs(batch), **{"use_cache": False, **kwargs})
 
 
 def forward_logits(model: torch.nn.Module, batch: ModelBatch, **kwargs) -> torch.Tensor:
@@ -194,8 +219,11 @@ def sequence_logprobs(
     model: torch.nn.Module,
     processor: PolicyProcessor,
     token_ids: Sequence[int] | Sequence[Sequence[int]],
-    images: Sequence[Image.Image] | Sequence[Sequence[Image.Image]],
+    images: Sequence[ImageLike] | Sequence[Sequence[ImageLike]],
     temperature: float = 1.0,
+    *,
+    score_mask: torch.Tensor | None = None,
+    vision: VisionEncoder | None = None,
 ) -> torch.Tensor:
     """Per-token logprobs of whole sequences (all turns, all images) in one forward pass.
 
@@ -206,15 +234,31 @@ def sequence_logprobs(
     gives ``(B, L_max)``, right-padded. Differentiable: the learner multiplies by its loss
     mask and back-propagates. Runs in the model's current mode (call ``model.eval()`` to
     disable dropout; Qwen3-VL has none by default).
+
+    ``score_mask`` (``(B, L_max)``, aligned like the output) limits the work to the
+    positions the caller reads, e.g. the learner's loss tokens: the vocabulary projection
+    and softmax run there only (a frame_only row scores 2 of ~65 positions) and every
+    other position is 0. ``vision``: take image features from that (cached, frozen)
+    encoder instead of running the tower; images may then be PNG bytes.
     """
     single = len(token_ids) > 0 and isinstance(token_ids[0], int)
     seqs = [list(token_ids)] if single else [list(s) for s in token_ids]
     imgs = [list(images)] if single else [list(i) for i in images]
     device = next(model.parameters()).device
-    batch = collate(processor, seqs, imgs, padding_side="right").to(device)
-    logits = forward_logits(model, batch)
+    batch = collate(processor, seqs, imgs, padding_side="right", vision=vision).to(device)
     banned = torch.tensor(vision_token_ids(processor), dtype=torch.long)
-    lp = token_logprobs(logits[:, :-1], batch.input_ids[:, 1:], temperature, banned)
-    lp = lp * batch.attention_mask[:, 1:]
+    targets = batch.input_ids[:, 1:]
+    if score_mask is None:
+        logits = forward_logits(model, batch)
+        lp = token_logprobs(logits[:, :-1], targets, temperature, banned)
+        lp = lp * batch.attention_mask[:, 1:]
+    else:
+        inner = unwrap(model)
+        hidden = inner.model(**model_inputs(batch), use_cache=False).last_hidden_state
+        wanted = (score_mask.to(device)[:, 1:] > 0) & (batch.attention_mask[:, 1:] > 0)
+        logits = inner.lm_head(hidden[:, :-1][wanted])
+        picked = token_logprobs(logits, targets[wanted], temperature, banned)
+        lp = hidden.new_zeros(targets.shape, dtype=picked.dtype)
+        lp = lp.masked_scatter(wanted, picked)
     out = torch.cat([lp.new_zeros(lp.shape[0], 1), lp], dim=1)
     return out[0] if single else out

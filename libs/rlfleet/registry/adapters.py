@@ -11,17 +11,32 @@ import redis
 
 from rlfleet.registry import keys
 
-# Sets latest only if the new version is higher: versions never go backwards, even when
-# two publishers race or an old publisher replays.
-_SET_IF_NEWER = """
+# One round trip per publish: sets latest only if the new version is higher (versions
+# never go backwards, even when two publishers race or an old publisher replays), records
+# the version in the history either way, and announces it only if it became latest.
+_PUBLISH = """
 local cur = redis.call('GET', KEYS[1])
+local updated = 1
 if cur then
   local v = cjson.decode(cur)['version']
-  if tonumber(v) >= tonumber(ARGV[2]) then return 0 end
+  if tonumber(v) >= tonumber(ARGV[2]) then updated = 0 end
 end
-redis.call('SET', KEYS[1], ARGV[1])
-return 1
+if updated == 1 then redis.call('SET', KEYS[1], ARGV[1]) end
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+if updated == 1 then redis.call('PUBLISH', KEYS[3], ARGV[1]) end
+return updated
 """
+
+
+def pending_channel(run: str) -> str:
+    """Pub/sub channel for hints that ckpt-sync has started verifying a version."""
+    return f"{keys.events(run)}:pending"
+
+
+def acks_channel(run: str) -> str:
+    """Pub/sub channel on which every acknowledgement of `run` is announced (the version
+    number as the message), so waiters wake on an ack instead of polling."""
+    return f"{keys.events(run)}:acks"
 
 
 @dataclass(frozen=True)
@@ -41,22 +56,35 @@ class AdapterRecord:
         return cls(**json.loads(raw))
 
 
+@dataclass(frozen=True)
+class PendingVersion:
+    """A hint, never an announcement: ckpt-sync has started verifying `record` (its
+    sha256 is the publisher's claim, possibly empty). Nothing may be served on a hint; a
+    replica may only start reading and hashing the version, so that the announcement (the
+    only thing that names a version to serve, with its identity) finds the bytes ready."""
+
+    record: AdapterRecord
+
+
 class AdapterRegistry:
     def __init__(self, client: redis.Redis) -> None:
         self.redis = client
-        self._set_if_newer = client.register_script(_SET_IF_NEWER)
+        self._publish = client.register_script(_PUBLISH)
 
     def publish(self, record: AdapterRecord) -> bool:
-        """Records `record` as latest if newer, adds it to the history and announces it.
-        Returns False (and announces nothing) if an equal or newer version is latest."""
+        """Records `record` as latest if newer, adds it to the history and announces it
+        (one atomic script, one round trip). Returns False (and announces nothing) if an
+        equal or newer version is latest."""
         if not record.published_at:
             record = AdapterRecord(**{**asdict(record), "published_at": time.time()})
-        updated = bool(self._set_if_newer(keys=[keys.latest(record.run)],
-                                          args=[record.to_json(), record.version]))
-        self.redis.zadd(keys.history(record.run), {record.to_json(): record.version})
-        if updated:
-            self.redis.publish(keys.events(record.run), record.to_json())
-        return updated
+        raw = record.to_json()
+        return bool(self._publish(
+            keys=[keys.latest(record.run), keys.history(record.run), keys.events(record.run)],
+            args=[raw, record.version]))
+
+    def hint_pending(self, record: AdapterRecord) -> None:
+        """Tells listeners that `record` is being verified (see PendingVersion)."""
+        self.redis.publish(pending_channel(record.run), record.to_json())
 
     def latest(self, run: str) -> AdapterRecord | None:
         raw = self.redis.get(keys.latest(run))
@@ -66,7 +94,14 @@ class AdapterRegistry:
         return [AdapterRecord.from_json(r) for r in self.redis.zrange(keys.history(run), 0, -1)]
 
     def acknowledge(self, run: str, version: int, replica_id: str) -> None:
-        self.redis.hset(keys.acks(run, version), replica_id, time.time())
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(keys.acks(run, version), replica_id, time.time())
+        pipe.publish(acks_channel(run), str(version))
+        pipe.execute()
+
+    def ack_waiter(self, run: str) -> AckWaiter:
+        """Subscribes to `run`'s acknowledgements; see AckWaiter."""
+        return AckWaiter(self.redis, run)
 
     def acks(self, run: str, version: int) -> dict[str, float]:
         return {k: float(v) for k, v in self.redis.hgetall(keys.acks(run, version)).items()}
@@ -77,24 +112,61 @@ class AdapterRegistry:
             self.redis.zrem(keys.history(run), raw)
         self.redis.delete(keys.acks(run, version))
 
-    def events(self, run: str, *, poll_s: float = 1.0) -> Iterator[AdapterRecord | None]:
+    def events(self, run: str, *, poll_s: float = 1.0, pending: bool = False
+               ) -> Iterator[AdapterRecord | PendingVersion | None]:
         """New-version events; yields None every `poll_s` without one (so the caller can
-        check for shutdown), and reconnects by itself if Redis goes away."""
+        check for shutdown), and reconnects by itself if Redis goes away. A wait wakes as
+        soon as a message arrives. With `pending`, also the PendingVersion hints."""
+        hints = pending_channel(run)
         while True:
             pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             try:
-                pubsub.subscribe(keys.events(run))
+                pubsub.subscribe(keys.events(run), *([hints] if pending else []))
                 while True:
                     message = pubsub.get_message(timeout=poll_s)
                     if message is None:
                         yield None
                         continue
                     try:
-                        yield AdapterRecord.from_json(message["data"])
+                        record = AdapterRecord.from_json(message["data"])
                     except (TypeError, ValueError, KeyError):
                         continue
+                    yield PendingVersion(record) if message.get("channel") == hints else record
             except (redis.ConnectionError, redis.TimeoutError):
                 yield None
                 time.sleep(poll_s)
             finally:
                 pubsub.close()
+
+
+class AckWaiter:
+    """Wakes a waiter when a replica acknowledges a version of `run`. Subscribe first,
+    then check the state you wait for, then `wait` and check again: an ack that lands
+    between the check and the wait is not lost (it is buffered on the subscription).
+    Use as a context manager; it closes its connection."""
+
+    def __init__(self, client: redis.Redis, run: str) -> None:
+        self._pubsub = client.pubsub(ignore_subscribe_messages=True)
+        self._pubsub.subscribe(acks_channel(run))
+
+    def wait(self, timeout_s: float) -> bool:
+        """Blocks until an ack arrives (True) or `timeout_s` passes (False); drains any
+        further acks already buffered, so one check covers them all."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            message = self._pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
+            if message is not None and message.get("type") == "message":
+                while self._pubsub.get_message(timeout=0.0) is not None:
+                    pass
+                return True
+            if time.monotonic() >= deadline:
+                return False
+
+    def close(self) -> None:
+        self._pubsub.close()
+
+    def __enter__(self) -> AckWaiter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

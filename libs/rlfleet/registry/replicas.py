@@ -1,10 +1,14 @@
 """Live rollout replicas: each one refreshes a hash with a TTL; a replica that stops
-heartbeating disappears by itself."""
+heartbeating disappears by itself.
+
+A heartbeat carries the replica's load and its capacity (`max_groups`, `max_episodes`:
+what it admits at once, 0 = not advertised by an older replica). Readers ignore fields
+they do not know, so replicas and learners of different versions share one registry."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import redis
 
@@ -23,10 +27,18 @@ class ReplicaInfo:
     engine: str = ""
     started_at: float = 0.0
     extra: dict = field(default_factory=dict)
+    # Capacity: the replica admits a group while it plays < max_groups groups and
+    # active_episodes + group_size <= max_episodes (an idle replica admits any one group).
+    # 0 = not advertised.
+    max_groups: int = 0
+    max_episodes: int = 0
 
     @property
     def load(self) -> int:
         return self.active_episodes
+
+
+_FIELDS = frozenset(f.name for f in fields(ReplicaInfo))
 
 
 class ReplicaRegistry:
@@ -47,7 +59,8 @@ class ReplicaRegistry:
             if raw is None:  # expired between SCAN and MGET
                 continue
             try:
-                found.append(ReplicaInfo(**json.loads(raw)))
-            except (TypeError, ValueError):
+                doc = json.loads(raw)
+                found.append(ReplicaInfo(**{k: v for k, v in doc.items() if k in _FIELDS}))
+            except (TypeError, ValueError, AttributeError):
                 continue  # a foreign or corrupt value must not break the fleet
         return found

@@ -15,7 +15,6 @@ from rlfleet.sft.data import (
     floor_cell_examples,
     maze_examples,
     played_examples,
-    user_message,
 )
 from rlfleet.sft.evaluate import evaluate_greedy, solve_rate_stderr
 from rlfleet.sft.train import SFTConfig, save_policy, train_sft
@@ -33,5 +32,4 @@ __all__ = [
     "save_policy",
     "solve_rate_stderr",
     "train_sft",
-    "user_message",
 ]

@@ -39,8 +39,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prompt format to train and evaluate (rlfleet.policy.contexts); "
                         "serve the model with the same context")
     p.add_argument("--short-steps", type=int, default=0,
-                   help="curriculum: the first N steps drop the instruction (image + status "
-                        "line only); later steps and evaluation use the served format")
+                   help="curriculum: the first N steps use the frame_only wording (frame + "
+                        "feedback); later steps and evaluation use --context")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--eval-every", type=int, default=0,
                    help="greedy eval on the 64 eval mazes every N steps (0: only at the end)")

@@ -1,8 +1,9 @@
 """SFT examples: maze states as the policy sees them, labelled with the BFS oracle's action.
 
-One example is one turn of the rollout service's ``last_frame`` context: a single user
-message (the current frame + ``instruction + "\\n\\n" + status``) and, as the target,
-the oracle's action text followed by ``<|im_end|>``.
+One example is one turn of a per-turn context of the rollout service
+(``rlfleet.policy.contexts``: ``last_frame`` or ``frame_only``): a single user message,
+worded by the same ``turn_text`` the service uses, and, as the target, the oracle's
+action text followed by ``<|im_end|>``.
 
 Two sources, mixed per maze, so that the statuses look like real play:
 
@@ -19,7 +20,6 @@ The label is always ``oracle_action(layout, cell)`` ("stop" on the target).
 
 from __future__ import annotations
 
-import base64
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,6 +43,7 @@ from rlfleet.maze.episode import START_FEEDBACK, WALL_FEEDBACK, default_max_turn
 from rlfleet.maze.layout import DIRECTION_DELTAS, Position
 from rlfleet.maze.prompt import instruction_text, status_text
 from rlfleet.policy.chat import ChatCodec
+from rlfleet.policy.contexts import observation_message, turn_text
 
 DEFAULT_CELL_PX = 16  # one image token per maze cell on the tiny model
 DIRECTION_NAMES = ("right", "up", "left", "down")
@@ -60,7 +61,8 @@ class SFTExample:
     on_path: bool  # the agent stands on the shortest path from the start to the target
     source: str  # "played" or "cell"
     png: bytes
-    text: str  # instruction + "\n\n" + status, exactly as the rollout service words it
+    instruction: str  # the env's task instruction
+    status: str  # the env's status line (feedback and turns left)
     blocked: tuple[int, ...] = ()  # move directions that would hit a wall from here
     width: int = 0  # the maze's width in cells (locates the agent's image token)
 
@@ -68,17 +70,9 @@ class SFTExample:
     def action_text(self) -> str:
         return format_action(self.action, ActionFormat.LITERAL)
 
-
-def user_message(png: bytes, text: str) -> dict:
-    """The single user message of a ``last_frame`` turn (as the rollout service builds it)."""
-    url = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-    return {
-        "role": "user",
-        "content": [
-            {"type": "image_url", "image_url": {"url": url}},
-            {"type": "text", "text": text},
-        ],
-    }
+    def prompt_text(self, context: str) -> str:
+        """The words beside the frame, exactly as the rollout service puts them."""
+        return turn_text(context, self.instruction, self.status, self.feedback)
 
 
 def _start_distances(layout: Layout) -> dict[Position, int]:
@@ -114,7 +108,8 @@ def _make(
         on_path=agent in path,
         source=source,
         png=render_png(layout, agent, cell_px),
-        text=f"{instruction}\n\n{status_text(feedback, turn, max_turns)}",
+        instruction=instruction,
+        status=status_text(feedback, turn, max_turns),
         blocked=blocked_moves(layout, agent),
         width=layout.width,
     )
@@ -175,7 +170,8 @@ def played_examples(
         out.append(SFTExample(
             seed=seed, agent=obs.agent, turn=obs.turn, feedback=episode.feedback,
             action=best, on_path=obs.agent in path, source="played", png=obs.png,
-            text=obs.text, blocked=blocked_moves(layout, obs.agent), width=layout.width,
+            instruction=obs.instruction, status=obs.status,
+            blocked=blocked_moves(layout, obs.agent), width=layout.width,
         ))
         if rng.random() < p_oracle:
             act = best
@@ -263,12 +259,9 @@ def _first_token(codec: ChatCodec, text: str) -> int:
     return int(codec.tokenizer(text, add_special_tokens=False).input_ids[0])
 
 
-def encode_example(codec: ChatCodec, example: SFTExample, short: bool = False
-                   ) -> EncodedExample:
-    """The example as model input. ``short`` drops the instruction (status line only): a
-    curriculum aid, never the format the policy is served in."""
-    text = example.text.rsplit("\n\n", 1)[1] if short else example.text
-    enc = codec.encode_prompt([user_message(example.png, text)])
+def encode_example(codec: ChatCodec, example: SFTExample, context: str) -> EncodedExample:
+    """The example as model input, prompted as the rollout service's ``context`` words it."""
+    enc = codec.encode_prompt([observation_message(example.png, example.prompt_text(context))])
     target = list(codec.tokenizer(example.action_text, add_special_tokens=False).input_ids)
     opened = [_first_token(codec, format_action(Action.move(k), ActionFormat.LITERAL))
               for k in range(4) if k not in example.blocked]

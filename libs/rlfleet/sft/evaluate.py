@@ -24,10 +24,10 @@ import torch
 
 from rlfleet.maze import ActionFormat, MazeEpisode, generate_layout
 from rlfleet.policy.chat import ChatCodec
-from rlfleet.policy.contexts import turn_text
+from rlfleet.policy.contexts import observation_message, turn_text
 from rlfleet.policy.loading import PolicyProcessor
 from rlfleet.policy.logprobs import collate, unwrap
-from rlfleet.sft.data import DEFAULT_CELL_PX, user_message
+from rlfleet.sft.data import DEFAULT_CELL_PX
 
 
 def solve_rate_stderr(solved: int, n: int) -> float:
@@ -102,8 +102,8 @@ def evaluate_greedy(
             msgs = []
             for i in live:
                 obs = episodes[i].observe()
-                msgs.append(user_message(obs.png,
-                                         turn_text(context, obs.instruction, obs.status)))
+                text = turn_text(context, obs.instruction, obs.status, episodes[i].feedback)
+                msgs.append(observation_message(obs.png, text))
             texts = greedy_actions(model, processor, codec, msgs, batch_size)
             for i, text in zip(live, texts, strict=True):
                 episodes[i].step(text)

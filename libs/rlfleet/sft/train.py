@@ -72,9 +72,9 @@ class SFTConfig:
     grad_clip: float = 1.0
     qk_gain: float = 1.0  # start the LM's q/k RMSNorm gains here (a fresh base has 1.0)
     agent_aux: float = 0.0  # weight of the legal-move loss at the agent's image token
-    short_steps: int = 0  # curriculum: the first N steps show the status line only
+    short_steps: int = 0  # curriculum: the first N steps use the frame_only wording
     # the prompt format trained and evaluated (rlfleet.policy.contexts): "last_frame"
-    # (instruction + status + frame) or "frame_only" (status + frame); the rollout service
+    # (instruction + status + frame) or "frame_only" (feedback + frame); the rollout service
     # must be asked for the same context
     context: str = "last_frame"
     log_every: int = 10
@@ -294,8 +294,9 @@ def train_sft(cfg: SFTConfig, log: Callable[[str], None] = print) -> dict:
         if cfg.minutes is not None and train_s >= cfg.minutes * 60:
             break
         t0 = time.perf_counter()
-        short = cfg.context == "frame_only" or step < cfg.short_steps
-        examples = [encode_example(codec, next(stream), short) for _ in range(cfg.batch)]
+        # curriculum: the first short_steps steps prompt with the frame_only wording
+        context = "frame_only" if step < cfg.short_steps else cfg.context
+        examples = [encode_example(codec, next(stream), context) for _ in range(cfg.batch)]
         batch = make_batch(processor, examples)
         lr = cfg.lr_at(step)
         for g in opt.param_groups:

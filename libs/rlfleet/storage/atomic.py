@@ -1,11 +1,12 @@
 """Atomic directory writes: a directory appears under its final name whole, or not at all.
 
 Protocol (`atomic_dir`): make a temp dir beside the target (same filesystem, name starting
-with "." so listings skip it), let the caller write into it, fsync every file and the temp
-dir, rename it to the final name without replacing anything (renameat2 RENAME_NOREPLACE
-where the kernel and filesystem support it), fsync the parent. A failure at any point
-removes the temp dir and leaves the final name untouched; OS errors come out as
-`StorageError` (with `errno`) so callers can tell a full disk from a bug.
+with "." so listings skip it), let the caller write into it, fsync every file (once: not
+again where the writer already did) and the temp dir, rename it to the final name without
+replacing anything (renameat2 RENAME_NOREPLACE where the kernel and filesystem support
+it), fsync the parent. A failure at any point removes the temp dir and leaves the final
+name untouched; OS errors come out as `StorageError` (with `errno`) so callers can tell a
+full disk from a bug.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ DELETE_MARK = ".del-"
 FILE_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 DIR_MODE = 0o755  # mkdtemp makes 0700; readers in other pods (other uids) must list it
 FILE_MODE = 0o644
-_CHUNK = 1 << 20
+_CHUNK = 8 << 20
 
 # Errors worth retrying after a pause: space freed by GC, a busy or flaky network
 # filesystem. EACCES / EROFS / EEXIST are not: retrying cannot fix them.
@@ -104,16 +105,27 @@ def fsync_file(path: Path | str) -> None:
         os.close(fd)
 
 
-def write_file(directory: Path, name: str, data: bytes) -> Path:
-    """Creates `directory/name` (must not exist), writes all of `data`, fsyncs it."""
+def write_file(directory: Path, name: str, data: bytes | memoryview, *, fsync: bool = True,
+               start_writeback: bool = False) -> Path:
+    """Creates `directory/name` (must not exist), writes all of `data`, fsyncs it (unless
+    `fsync=False`: the caller syncs it later, e.g. with `fsync_file` while it does other
+    work, or the file is a private scratch copy that needs no durability).
+    `start_writeback=True` asks the kernel to start writing each chunk out as soon as it
+    is written (sync_file_range), so the disk works while the rest is still being
+    written and a later fsync has less left to wait for; it is only a hint."""
     path = directory / validate_file_name(name)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
     try:
-        view = memoryview(data)
+        view = memoryview(data).cast("B")
+        offset = 0
         while view:
             n = os.write(fd, view[:_CHUNK])
+            if start_writeback:
+                _start_writeback(fd, offset, n)
+            offset += n
             view = view[n:]
-        os.fsync(fd)
+        if fsync:
+            os.fsync(fd)
     finally:
         os.close(fd)
     return path
@@ -142,11 +154,23 @@ def ensure_dir(path: Path) -> None:
 
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
+_SYNC_FILE_RANGE_WRITE = 2
 try:
     _libc = ctypes.CDLL(None, use_errno=True)
     _renameat2 = getattr(_libc, "renameat2", None)
+    _sync_file_range = getattr(_libc, "sync_file_range", None)
 except OSError:  # pragma: no cover - non-glibc platforms
-    _renameat2 = None
+    _renameat2 = _sync_file_range = None
+if _sync_file_range is not None:
+    _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong,
+                                 ctypes.c_uint]
+
+
+def _start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    # Initiates (does not wait for) write-out of the range; failures are irrelevant: the
+    # fsync that follows is what guarantees durability.
+    if _sync_file_range is not None:
+        _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
 
 
 def rename_noreplace(src: Path, dst: Path) -> None:
@@ -172,14 +196,16 @@ def rename_noreplace(src: Path, dst: Path) -> None:
 # -- atomic directory --------------------------------------------------------------------
 
 
-def _fsync_tree(root: Path) -> None:
+def _fsync_tree(root: Path, *, files: bool = True) -> None:
     # Files first, then their directories, then the root: a directory entry is only
-    # durable once the directory itself is synced.
+    # durable once the directory itself is synced. `files=False`: the writer already
+    # fsynced every file (write_file does), so only the directories are left.
     for dirpath, _dirnames, filenames in os.walk(root, topdown=False):
-        for name in filenames:
-            p = os.path.join(dirpath, name)
-            if stat.S_ISREG(os.lstat(p).st_mode):
-                fsync_file(p)
+        if files:
+            for name in filenames:
+                p = os.path.join(dirpath, name)
+                if stat.S_ISREG(os.lstat(p).st_mode):
+                    fsync_file(p)
         fsync_dir(dirpath)
 
 
@@ -188,12 +214,16 @@ def _remove_tree(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_dir(final_dir: Path) -> Iterator[Path]:
+def atomic_dir(final_dir: Path, *, files_synced: bool = False) -> Iterator[Path]:
     """Yields a temp dir beside `final_dir`; on clean exit it becomes `final_dir`.
 
     Raises DestinationExists (before the body runs, and again at the rename if someone
     else won the race). An exception in the body, or any OS error while syncing/renaming,
     removes the temp dir; OSErrors are re-raised as StorageError, anything else as is.
+
+    `files_synced=True` is the writer's promise that every file it created is already
+    fsynced (e.g. all through `write_file`, which syncs each one): then only the
+    directories are synced before the rename, not every file a second time.
     """
     final_dir = Path(final_dir)
     parent = final_dir.parent
@@ -210,7 +240,7 @@ def atomic_dir(final_dir: Path) -> Iterator[Path]:
         raise _storage_error(exc, "cannot create temp dir in", parent) from exc
     try:
         yield tmp
-        _fsync_tree(tmp)
+        _fsync_tree(tmp, files=not files_synced)
         os.chmod(tmp, DIR_MODE)
         rename_noreplace(tmp, final_dir)
     except BaseException as exc:
@@ -230,7 +260,7 @@ def write_dir_atomic(final_dir: Path, files: Mapping[str, bytes]) -> Path:
     """Writes `files` (flat names -> bytes) as `final_dir`, atomically. Returns final_dir."""
     for name in files:
         validate_file_name(name)
-    with atomic_dir(final_dir) as tmp:
+    with atomic_dir(final_dir, files_synced=True) as tmp:  # write_file syncs each file
         for name, data in files.items():
             write_file(tmp, name, data)
     return Path(final_dir)

@@ -33,4 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--redis-url", default=None)
     serve.add_argument("--runs-root", type=Path, default=None)
     serve.add_argument("--keep-last", type=int, default=None)
+    serve.add_argument("--gc-delay-s", type=float, default=None,
+                       help="collect old versions at the latest this long after a publish "
+                            "(default 10; sooner once every replica serves it)")
     serve.set_defaults(func=_serve)

@@ -26,6 +26,9 @@ class SyncSettings(ServiceSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
     runs_root: Path = Path("/shared/runs")
     keep_last: int = Field(3, ge=1)
+    # old versions are collected once every replica serves the new one, or this long
+    # after the publish at the latest
+    gc_delay_s: float = Field(10.0, ge=0)
     reconcile_s: float = Field(2.0, gt=0)
 
 
@@ -68,7 +71,8 @@ def make_server(settings: SyncSettings) -> tuple[GrpcServer, Reconciler]:
     verify_credentials(client)  # a wrong password fails here, clearly (ConfigError)
     settings.runs_root.mkdir(parents=True, exist_ok=True)
     state = SyncState(RunsRoot(settings.runs_root), AdapterRegistry(client),
-                      ReplicaRegistry(client), keep_last=settings.keep_last)
+                      ReplicaRegistry(client), keep_last=settings.keep_last,
+                      gc_delay_s=settings.gc_delay_s)
     servicer = SyncServicer(state)
     server = GrpcServer(
         "ckptsync", settings.server_config(),

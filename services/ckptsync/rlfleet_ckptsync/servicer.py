@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +27,9 @@ from rlfleet.storage import (
     validate_run_name,
 )
 from rlfleet.v1 import common_pb2, sync_pb2, sync_pb2_grpc
-from rlfleet_ckptsync.state import LATEST_VERSION, SyncState
+from rlfleet_ckptsync.state import LATEST_VERSION, PUBLISH_STAGE, SyncState
+
+log = logging.getLogger(__name__)
 
 
 def _run(name: str) -> str:
@@ -57,9 +60,12 @@ def _ref(record: AdapterRecord) -> common_pb2.AdapterRef:
 
 
 class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
-    def __init__(self, state: SyncState, poll_s: float = 0.05) -> None:
+    def __init__(self, state: SyncState, recheck_s: float = 0.5) -> None:
+        """`recheck_s`: how often WaitForReplicas looks again without an ack event (it
+        wakes on every acknowledgement; the re-check covers replicas that only heartbeat,
+        e.g. when their Acknowledge call failed, and notices a cancelled caller)."""
         self.state = state
-        self.poll_s = poll_s
+        self.recheck_s = recheck_s
 
     @_registry_errors
     def Publish(self, request: sync_pb2.PublishRequest, context: grpc.ServicerContext):  # noqa: N802
@@ -81,12 +87,16 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
                                       f"of run {run!r} lives ({expected})")
         if not expected.is_dir():
             raise NotFound(f"no adapter directory for run {run!r} version {ref.version}")
+        received_at = time.time()
+        t0 = time.perf_counter()
+        self._hint_pending(run, ref.version, expected, ref.sha256)
         try:
             record = self.state.verify_and_record(run, ref.version)
         except AdapterVerificationError as exc:
             raise FailedPrecondition(f"adapter refused: {exc}") from exc
         if ref.sha256 and ref.sha256 != record.sha256:
             raise FailedPrecondition("manifest sha256 differs from the one the publisher sent")
+        t1 = time.perf_counter()
         if not self.state.adapters.publish(record):
             latest = self.state.adapters.latest(run)
             if latest is None or latest.version != record.version or latest.sha256 != record.sha256:
@@ -95,8 +105,27 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
                     f"({latest.version if latest else '?'}); versions never go backwards")
             record = latest  # the same version again: idempotent
         LATEST_VERSION.labels(run).set(record.version)
-        self.state.collect_garbage(run)
+        t2 = time.perf_counter()
+        self.state.schedule_gc(run)  # later, once the replicas have moved to it
+        stages = {"verify_s": t1 - t0, "announce_s": t2 - t1}
+        for stage, seconds in stages.items():
+            PUBLISH_STAGE.labels(stage.removesuffix("_s")).observe(seconds)
+        log.info("publish stages", extra={"run": run, "version": record.version,
+                                          "received_at": received_at,
+                                          "published_at": record.published_at,
+                                          "stages": stages})
         return sync_pb2.PublishResponse(adapter=_ref(record), published_at=record.published_at)
+
+    def _hint_pending(self, run: str, version: int, path: Any, sha256: str) -> None:
+        """Before verifying: tells replicas which version is coming (a PendingVersion
+        hint), so they read and hash it while ckpt-sync does; they serve nothing until the
+        announcement. Best effort: a lost hint only costs that head start."""
+        try:
+            self.state.adapters.hint_pending(AdapterRecord(
+                run=run, version=version, sha256=sha256,
+                path=str(path.relative_to(self.state.runs_root.root))))
+        except (redis.RedisError, ValueError) as exc:
+            log.warning("pending hint not sent", extra={"run": run, "error": repr(exc)})
 
     @_registry_errors
     def GetLatest(self, request: sync_pb2.GetLatestRequest, context):  # noqa: N802, ANN001
@@ -117,18 +146,23 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
         remaining = context.time_remaining()
         if remaining is not None:
             deadline = min(deadline, time.monotonic() + remaining)
-        while True:
-            serving = sorted(
-                r.replica_id for r in self.state.replicas.live()
-                if r.run == run and r.adapter_version >= request.version
-            )
-            if len(serving) >= request.min_replicas:
-                break
-            if time.monotonic() >= deadline or not context.is_active():
-                raise DeadlineExceeded(
-                    f"{len(serving)} of {request.min_replicas} replicas serve run {run!r} "
-                    f"version >= {request.version} after {request.timeout_s}s")
-            time.sleep(self.poll_s)
+        # Event-driven: subscribed before the first look, woken by every acknowledgement
+        # (a replica heartbeats its new version before it acknowledges), re-checking every
+        # `recheck_s` at the latest.
+        with self.state.adapters.ack_waiter(run) as acks:
+            while True:
+                serving = sorted(
+                    r.replica_id for r in self.state.replicas.live()
+                    if r.run == run and r.adapter_version >= request.version
+                )
+                if len(serving) >= request.min_replicas:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0 or not context.is_active():
+                    raise DeadlineExceeded(
+                        f"{len(serving)} of {request.min_replicas} replicas serve run "
+                        f"{run!r} version >= {request.version} after {request.timeout_s}s")
+                acks.wait(min(left, self.recheck_s))
         latest = self.state.adapters.latest(run)
         lag = 0.0
         if latest is not None and latest.version == request.version:
@@ -152,4 +186,5 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
         if ref.sha256 and ref.sha256 != record.sha256:
             raise FailedPrecondition("acknowledged sha256 differs from the published one")
         self.state.adapters.acknowledge(run, ref.version, request.replica_id)
+        self.state.acknowledged(run, ref.version)  # the last one may start a collection
         return sync_pb2.AcknowledgeResponse()

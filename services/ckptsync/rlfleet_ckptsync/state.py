@@ -4,7 +4,9 @@ Redis a cache of it plus the replicas' heartbeats and acks."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -29,6 +31,13 @@ PUBLISH_TO_LIVE = Histogram(
     ["run"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
 )
+PUBLISH_STAGE = Histogram(
+    "rlfleet_sync_publish_stage_seconds",
+    "seconds per stage of a Publish call (verify: read and hash every file once; "
+    "announce: the one Redis script; gc: collecting old versions after the announcement)",
+    ["stage"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
+)
 LATEST_VERSION = Gauge("rlfleet_sync_latest_version", "latest published adapter version", ["run"])
 REPLICA_VERSION = Gauge(
     "rlfleet_sync_replica_adapter_version", "adapter version each live replica serves",
@@ -47,7 +56,67 @@ class SyncState:
     adapters: AdapterRegistry
     replicas: ReplicaRegistry
     keep_last: int = 3
+    # Old versions are collected once every live replica of the run serves the version
+    # just published (the last acknowledgement triggers it), or `gc_delay_s` after the
+    # publish at the latest; never during the load itself, where deleting a 170 MB
+    # version would only compete with the replicas reading and hashing the new one.
+    gc_delay_s: float = 10.0
     _measured: set[tuple[str, int]] = field(default_factory=set)
+    _gc_lock: threading.Lock = field(default_factory=threading.Lock)
+    _gc_timers: dict[str, threading.Timer] = field(default_factory=dict)
+    _gc_worker: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="gc"))
+
+    def schedule_gc(self, run: str) -> None:
+        """After a publish: collect `run`'s old versions once its replicas have moved to
+        it (see `acknowledged`), or in `gc_delay_s` (at once when 0)."""
+        if self.gc_delay_s <= 0:
+            self._gc_worker.submit(self._collect, run)
+            return
+        timer = threading.Timer(self.gc_delay_s, self._collect_due, args=(run,))
+        timer.daemon = True
+        with self._gc_lock:
+            old = self._gc_timers.pop(run, None)
+            self._gc_timers[run] = timer
+        if old is not None:
+            old.cancel()
+        timer.start()
+
+    def acknowledged(self, run: str, version: int) -> None:
+        """After an acknowledgement: if a collection is pending, runs it now (in the
+        background) when every live replica of `run` serves the latest version."""
+        with self._gc_lock:
+            if run not in self._gc_timers:
+                return
+        self._gc_worker.submit(self._collect_if_all_moved, run, version)
+
+    def _collect_if_all_moved(self, run: str, version: int) -> None:
+        try:
+            latest = self.adapters.latest(run)
+            if latest is None or version < latest.version:
+                return
+            live = [r for r in self.replicas.live() if r.run == run]
+            if not live or any(r.adapter_version < latest.version for r in live):
+                return
+        except Exception as exc:  # noqa: BLE001 - Redis away: the timer still collects
+            log.warning("gc check failed", extra={"run": run, "error": repr(exc)})
+            return
+        with self._gc_lock:
+            timer = self._gc_timers.pop(run, None)
+        if timer is not None:
+            timer.cancel()
+            self._collect(run)
+
+    def _collect_due(self, run: str) -> None:
+        with self._gc_lock:
+            self._gc_timers.pop(run, None)
+        self._gc_worker.submit(self._collect, run)
+
+    def _collect(self, run: str) -> None:
+        try:
+            self.collect_garbage(run)
+        except Exception as exc:  # noqa: BLE001 - Redis away: the next publish retries
+            log.warning("garbage collection failed", extra={"run": run, "error": repr(exc)})
 
     def verify_and_record(self, run: str, version: int) -> AdapterRecord:
         path = self.runs_root.adapter_dir(run, version)

@@ -12,13 +12,38 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import REGISTRY, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from rlfleet.maze.episode import MazeEpisode
+from rlfleet.maze.render import FRAME_CACHE
 from rlfleet.rpc.errors import NotFound, ResourceExhausted
 
 OPEN_EPISODES = Gauge("rlfleet_env_open_episodes", "episodes held by the env service")
 EXPIRED_EPISODES = Counter("rlfleet_env_expired_episodes_total", "idle episodes expired")
+
+
+class FrameCacheCollector:
+    """The observation frame cache (`rlfleet.maze.render.FRAME_CACHE`) as metrics, read
+    when scraped so the render path only bumps plain counters."""
+
+    def collect(self):  # noqa: ANN201
+        info = FRAME_CACHE.info()
+        yield CounterMetricFamily("rlfleet_env_frame_cache_hits", "observation frames served "
+                                  "from the frame cache", value=info.hits)
+        yield CounterMetricFamily("rlfleet_env_frame_cache_misses", "observation frames "
+                                  "rendered and PNG-encoded", value=info.misses)
+        yield CounterMetricFamily("rlfleet_env_frame_cache_evictions", "frames evicted from "
+                                  "the frame cache", value=info.evictions)
+        yield GaugeMetricFamily("rlfleet_env_frame_cache_entries", "frames in the frame cache",
+                                value=info.entries)
+        yield GaugeMetricFamily("rlfleet_env_frame_cache_bytes", "what the cached frames "
+                                "cost, PNG bytes plus per-entry overhead", value=info.bytes)
+        yield GaugeMetricFamily("rlfleet_env_frame_cache_max_bytes", "the frame cache's bound",
+                                value=info.max_bytes)
+
+
+REGISTRY.register(FrameCacheCollector())
 
 
 @dataclass

@@ -6,13 +6,17 @@ import grpc
 
 from rlfleet import limits
 from rlfleet.maze.episode import EpisodeDone
+from rlfleet.maze.render import render_frames, submit_frames
 from rlfleet.maze.tasks import TASKS
 from rlfleet.rpc.errors import FailedPrecondition, InvalidArgument
 from rlfleet.v1 import env_pb2, env_pb2_grpc, reward_pb2, reward_pb2_grpc
-from rlfleet_env.convert import observation_proto, state_proto
+from rlfleet_env.convert import frame_state, image_fields, observation_fields, state_fields
 from rlfleet_env.episodes import EpisodeTable
 from rlfleet_env.rewards import RewardFunction, replay
 from rlfleet_env.tasks import episode_from_spec
+
+# Steps of a batch whose frames are handed to the encoder threads together.
+_FRAME_CHUNK = 16
 
 
 def _check_batch(what: str, n: int) -> None:
@@ -30,61 +34,80 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         _check_batch("Open", len(request.tasks))
         episodes = [episode_from_spec(spec) for spec in request.tasks]  # all validated first
         ids = self.table.add(episodes)
+        # Nobody else has these ids yet, so the episodes are read without their locks.
+        frames = (
+            render_frames([frame_state(ep) for ep in episodes])
+            if request.include_image
+            else [None] * len(episodes)
+        )
         return env_pb2.OpenResponse(
             episodes=[
-                env_pb2.Episode(
-                    episode_id=episode_id,
-                    observation=observation_proto(
-                        ep, first=True, include_image=request.include_image
-                    ),
-                    state=state_proto(ep),
-                )
-                for episode_id, ep in zip(ids, episodes, strict=True)
+                {
+                    "episode_id": episode_id,
+                    "observation": observation_fields(ep, first=True, frame=frame),
+                    "state": state_fields(ep),
+                }
+                for episode_id, ep, frame in zip(ids, episodes, frames, strict=True)
             ]
         )
 
     def Step(self, request: env_pb2.StepRequest, context: grpc.ServicerContext):  # noqa: N802
         _check_batch("Step", len(request.actions))
-        ids = [a.episode_id for a in request.actions]
+        # Each field read from a upb message makes a new Python object: read them once.
+        actions = [(a.episode_id, a.text) for a in request.actions]
+        ids = [episode_id for episode_id, _ in actions]
         if len(set(ids)) != len(ids):
             raise InvalidArgument("Step: an episode id appears twice in one batch")
-        for action in request.actions:
-            if len(action.text.encode()) > limits.MAX_ACTION_TEXT_BYTES:
+        for episode_id, text in actions:
+            if len(text.encode()) > limits.MAX_ACTION_TEXT_BYTES:
                 raise InvalidArgument(
-                    f"action text for {action.episode_id[:64]!r} is longer than "
+                    f"action text for {episode_id[:64]!r} is longer than "
                     f"{limits.MAX_ACTION_TEXT_BYTES} bytes"
                 )
         entries = self.table.get_all(ids)
+        include_image = request.include_image
         # Lock in a fixed order so concurrent batches sharing episodes cannot deadlock.
-        order = sorted(range(len(entries)), key=lambda i: ids[i])
+        order = sorted(range(len(entries)), key=ids.__getitem__)
         for i in order:
             entries[i].lock.acquire()
         try:
             for entry, episode_id in zip(entries, ids, strict=True):
                 if entry.episode.done:  # all-or-nothing: check before stepping any
                     raise FailedPrecondition(f"episode {episode_id!r} is done; open a new one")
-            results = []
-            for entry, action in zip(entries, request.actions, strict=True):
+            # Plain values only, read under the locks; the message is built after them.
+            # Frames are a pure function of the state read here: new ones are encoded on
+            # the frame cache's threads while this one steps the rest of the batch.
+            results, states, pending = [], [], []
+            for entry, (episode_id, text) in zip(entries, actions, strict=True):
                 ep = entry.episode
                 try:
-                    outcome = ep.step(action.text)
+                    outcome = ep.step(text)
                 except EpisodeDone as exc:  # pragma: no cover - checked above under the lock
                     raise FailedPrecondition(str(exc)) from exc
                 results.append(
-                    env_pb2.StepResult(
-                        episode_id=action.episode_id,
-                        observation=observation_proto(
-                            ep, first=False, include_image=request.include_image
-                        ),
-                        reward=outcome.reward,
-                        state=state_proto(ep),
-                        parsed=outcome.parsed,
-                        action=outcome.action.name if outcome.action else "",
-                    )
+                    {
+                        "episode_id": episode_id,
+                        "observation": observation_fields(ep, first=False, frame=None),
+                        "reward": outcome.reward,
+                        "state": state_fields(ep),
+                        "parsed": outcome.parsed,
+                        "action": outcome.action.name if outcome.action else "",
+                    }
                 )
+                if include_image:
+                    states.append(frame_state(ep))
+                    if len(states) == _FRAME_CHUNK:
+                        pending.append(submit_frames(states))
+                        states = []
         finally:
             for i in order:
                 entries[i].lock.release()
+        if include_image:
+            # A lone step (batch of one) encodes in this thread: no hand-off to wait for.
+            pending.append(submit_frames(states, inline=len(results) == 1))
+            frames = (frame for collect in pending for frame in collect())
+            for result, frame in zip(results, frames, strict=True):
+                result["observation"]["image"] = image_fields(frame)
         return env_pb2.StepResponse(results=results)
 
     def Close(self, request: env_pb2.CloseRequest, context: grpc.ServicerContext):  # noqa: N802
@@ -92,8 +115,7 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         closed, missing = self.table.pop(list(request.episode_ids))
         return env_pb2.CloseResponse(
             episodes=[
-                env_pb2.Episode(episode_id=episode_id, state=state_proto(ep))
-                for episode_id, ep in closed
+                {"episode_id": episode_id, "state": state_fields(ep)} for episode_id, ep in closed
             ],
             not_found=missing,
         )

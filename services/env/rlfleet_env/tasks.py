@@ -10,6 +10,7 @@ from rlfleet import limits
 from rlfleet.maze.episode import MazeEpisode, default_max_turns
 from rlfleet.maze.generate import generate_layout
 from rlfleet.maze.layout import Layout
+from rlfleet.maze.oracle import distance_to_target
 from rlfleet.maze.tasks import TASKS, get_task
 from rlfleet.rpc.errors import InvalidArgument, NotFound
 from rlfleet.v1 import common_pb2
@@ -26,6 +27,7 @@ def episode_from_spec(spec: common_pb2.TaskSpec) -> MazeEpisode:
     preset = get_task(name)
     _check_range("seed", spec.seed, 0, limits.MAX_SEED)
     _check_range("max_turns", spec.max_turns, 0, limits.MAX_TURNS)
+    _check_range("turn_margin", spec.turn_margin, 0, limits.MAX_TURNS)
     _check_range("render.cell_px", spec.render.cell_px, 0, limits.MAX_CELL_PX)
     try:
         if spec.HasField("layout"):
@@ -42,6 +44,9 @@ def episode_from_spec(spec: common_pb2.TaskSpec) -> MazeEpisode:
             if layout.height == preset.size
             else default_max_turns(layout.height, layout.width)
         )
+        if spec.turn_margin:
+            # the shortest solution's moves, the stop, and the margin
+            max_turns = min(max_turns, distance_to_target(layout) + 1 + spec.turn_margin)
         return MazeEpisode(
             layout,
             max_turns=max_turns,

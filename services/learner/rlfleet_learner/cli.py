@@ -60,6 +60,7 @@ def _run(args: argparse.Namespace) -> int:
     import ray
     from prometheus_client import start_http_server
 
+    from rlfleet.clients.rollout_pool import InsufficientCapacity
     from rlfleet.storage import PathOutsideRunsRoot
     from rlfleet_learner.loop import Learner, NoCheckpoint
 
@@ -92,7 +93,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         learner = Learner(cfg, resume=args.resume, stop=stop)
         summary = learner.run()
-    except (NoCheckpoint, PathOutsideRunsRoot) as exc:
+    except (NoCheckpoint, PathOutsideRunsRoot, InsufficientCapacity) as exc:
         print(f"rlfleet learner: {exc}", file=sys.stderr)
         return 2
     finally:

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rlfleet.grpo import GRPOConfig
+from rlfleet.maze.tasks import EVAL_SEEDS, HELDOUT_SEEDS
 
 
 class _Strict(BaseModel):
@@ -29,6 +30,9 @@ class DataConfig(_Strict):
     task: str = "maze_2d"
     size: int = Field(7, ge=5, le=63)
     max_turns: int = Field(0, ge=0, le=1000)  # 0 = the task's default for the size
+    # training episodes only: a limit sized to each maze, its shortest solution + the stop
+    # + turn_margin (0 = off); evals always play to max_turns, VisGym's limit
+    turn_margin: int = Field(0, ge=0, le=1000)
     cell_px: int = Field(16, ge=0, le=64)
     context: Literal["full", "last_frame", "frame_only"] = "last_frame"
     groups_per_step: int = Field(8, ge=1)
@@ -48,9 +52,25 @@ class OptimConfig(_Strict):
 
 class EvalConfig(_Strict):
     every: int = Field(10, ge=0)  # steps; 0 = only at start and end
-    eval_seeds: int = Field(64, ge=0, le=64)  # the fixed eval mazes 0..N-1
-    heldout_seeds: int = Field(256, ge=0, le=256)  # more mazes (64..) for less noise
+    eval_seeds: int = Field(64, ge=0)  # the fixed eval mazes 0..N-1 (at most 64)
+    heldout_seeds: int = Field(256, ge=0)  # more mazes (64..) for less noise (at most 256)
     at_start: bool = True
+    # the periodic evals (every N steps) play only the first N held-out mazes, so the
+    # learning curve gets points cheaply; 0 = both full sets, as at the start and end
+    curve_heldout: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _fits_the_seed_split(self) -> EvalConfig:
+        for name, value, split, seeds in (
+                ("eval_seeds", self.eval_seeds, EVAL_SEEDS, "the fixed eval mazes"),
+                ("heldout_seeds", self.heldout_seeds, HELDOUT_SEEDS, "the held-out mazes")):
+            if value > len(split):
+                raise ValueError(f"eval.{name}={value}, but {seeds} are only {len(split)} "
+                                 f"(seeds {split.start}..{split.stop - 1})")
+        if self.curve_heldout > self.heldout_seeds:
+            raise ValueError(f"eval.curve_heldout={self.curve_heldout} is more than the "
+                             f"{self.heldout_seeds} held-out mazes (eval.heldout_seeds)")
+        return self
 
 
 class CheckpointConfig(_Strict):
@@ -79,6 +99,9 @@ class LearnerConfig(_Strict):
     steps: int = Field(20, ge=0)
     mode: Literal["sync", "async"] = "sync"
     deterministic: bool = False  # CPU, fixed seeds, seeded sampling: resumable bit-exactly
+    # after this step, also time a bare forward+backward and a bare batched forward of its
+    # rows (the limits the update and the rollout are measured against); 0 = never
+    calibrate_step: int = Field(0, ge=0)
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     grpo: dict = Field(default_factory=dict)  # GRPOConfig fields

@@ -32,17 +32,26 @@ def summarize(trajectories: list) -> dict[str, float]:
 
 
 def evaluate(pool: RolloutPool, cfg: LearnerConfig, version: int,
-             progress: Callable[[int, int], None] | None = None) -> dict[str, dict]:
-    sets = {
-        "eval": list(EVAL_SEEDS)[: cfg.eval.eval_seeds],
-        "heldout": list(HELDOUT_SEEDS)[: cfg.eval.heldout_seeds],
-    }
+             progress: Callable[[int, int], None] | None = None, *,
+             heldout_only: int = 0) -> dict[str, dict]:
+    """Greedy play of the eval and held-out sets; ``heldout_only > 0`` plays only the
+    first that many held-out mazes (the cheap periodic points of a learning curve)."""
+    if heldout_only:
+        sets = {"heldout": list(HELDOUT_SEEDS)[:heldout_only]}
+    else:
+        sets = {
+            "eval": list(EVAL_SEEDS)[: cfg.eval.eval_seeds],
+            "heldout": list(HELDOUT_SEEDS)[: cfg.eval.heldout_seeds],
+        }
     requests = [eval_episode(cfg.data, run=cfg.run, seed=seed, version=version)
                 for seeds in sets.values() for seed in seeds]
     by_seed: dict[int, object] = {}
     total = len(requests)
+    # As many single-episode groups in flight as the live replicas hold (the pool never
+    # sends a replica more than it advertises; the rest wait in the pool, not as retries).
+    in_flight = max(cfg.fleet.max_groups_in_flight, pool.groups_that_fit(1))
     for request, (trajectory,) in pool.run_groups(requests,
-                                                  max_in_flight=cfg.fleet.max_groups_in_flight * 4):
+                                                  max_in_flight=max(1, min(total, in_flight))):
         by_seed[request.task.seed] = trajectory
         if progress is not None:
             progress(len(by_seed), total)

@@ -4,15 +4,20 @@ Modes: `sync` (on-policy: each step's groups are sampled with the adapter of tha
 and the next step waits until replicas serve the new version) and `async` (a producer
 keeps groups running while the update happens, bounded by max_staleness; trajectories
 older than that are dropped and counted).
+
+A step is all or nothing: a stop while its rollouts are still coming abandons it (no
+update, no publish, its seeds stay untrained); once the update has begun the step
+finishes. Each phase is timed (rollout wait, scoring, update, publish, eval) and the
+times go to metrics.jsonl, the step's printed line and the Prometheus histogram.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import queue
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +26,6 @@ from prometheus_client import Gauge, Histogram
 from rlfleet.clients.rollout_pool import RolloutPool
 from rlfleet.config import read_secret
 from rlfleet.engines.base import vision_token_ids
-from rlfleet.maze.tasks import train_seeds
 from rlfleet.policy.loading import load_processor
 from rlfleet.policy.profiles import resolve_model_dir
 from rlfleet.rpc.client import RpcClient
@@ -36,10 +40,12 @@ from rlfleet.storage import (
 )
 from rlfleet.v1 import rollout_pb2
 from rlfleet_learner.config import LearnerConfig
+from rlfleet_learner.cursor import SeedCursor
 from rlfleet_learner.evaluation import evaluate
+from rlfleet_learner.feed import Group, GroupFeed
 from rlfleet_learner.publisher import AdapterPublisher
 from rlfleet_learner.requests import sampling_seed, train_group
-from rlfleet_learner.samples import build_rows
+from rlfleet_learner.samples import build_rows, segment_rows, trajectory_sample
 from rlfleet_learner.workers import TrainerGroup
 
 log = logging.getLogger(__name__)
@@ -52,6 +58,8 @@ VERSION = Gauge("rlfleet_learner_adapter_version", "latest adapter version publi
 STEP_SECONDS = Histogram("rlfleet_learner_step_seconds", "wall time per step", ["phase"],
                          buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))
 
+PHASES = ("rollout", "score", "update", "publish", "eval")
+
 
 class NoCheckpoint(RuntimeError):
     """--resume latest, but the run has no complete checkpoint."""
@@ -60,9 +68,12 @@ class NoCheckpoint(RuntimeError):
 @dataclass
 class State:
     step: int = 0
-    cursor: int = 0  # training-seed cursor
+    cursor: SeedCursor = field(default_factory=lambda: SeedCursor(7))  # trained seeds
     version: int = 0  # adapter version replicas serve now
+    saved_step: int = -1  # the newest checkpointed step (-1: none yet)
     history: list[dict] = field(default_factory=list)
+    signal_trajectories: int = 0  # trained trajectories with a non-zero advantage
+    train_seconds: float = 0.0  # wall time inside steps (evals excluded)
 
 
 class Learner:
@@ -79,7 +90,7 @@ class Learner:
         self.publisher = AdapterPublisher(self.root, cfg.run, cfg.model.name,
                                           RpcClient(cfg.fleet.sync_address, token=token,
                                                     timeout_s=60))
-        self.state = State()
+        self.state = State(cursor=SeedCursor(cfg.data.size))
         checkpoint = self._find_checkpoint(resume)
         model_dir = str(resolve_model_dir(cfg.model.profile, cfg.model.path))
         self.vision_ids = set(vision_token_ids(load_processor(model_dir)))
@@ -108,23 +119,25 @@ class Learner:
                                   "optimizer": ckpt.optimizer_state,
                                   "scheduler": ckpt.scheduler_state})
         cursor = ckpt.data_cursor
-        self.state = State(step=ckpt.step, cursor=int(cursor["cursor"]),
-                           version=int(cursor["version"]))
+        self.state = State(step=ckpt.step,
+                           cursor=SeedCursor.from_dict(self.cfg.data.size, cursor),
+                           version=int(cursor["version"]), saved_step=ckpt.step)
         restore_rng(ckpt.rng)  # last: building the trainers drew random numbers
         self._event("resumed", checkpoint=str(path), step=ckpt.step)
 
     def _checkpoint(self) -> None:
-        if latest_complete_checkpoint(self.root, self.cfg.run) == \
-                self.root.checkpoint_dir(self.cfg.run, self.state.step):
-            return  # this step is already saved
+        """Saves the current step, unless it is saved already or nothing was trained."""
+        if self.state.step <= max(self.state.saved_step, 0):
+            return
         state = self.trainers.state()
         save_checkpoint(
             self.root, self.cfg.run, self.state.step,
             adapter_state=state["adapter"], optimizer_state=state["optimizer"],
             scheduler_state=state["scheduler"],
-            data_cursor={"cursor": self.state.cursor, "version": self.state.version},
+            data_cursor={**self.state.cursor.to_dict(), "version": self.state.version},
             metrics=self.state.history[-1] if self.state.history else {},
             rng=capture_rng())
+        self.state.saved_step = self.state.step
         prune_checkpoints(self.root, self.cfg.run, self.cfg.checkpoint.keep_last)
 
     # -- output ----------------------------------------------------------------------
@@ -152,62 +165,98 @@ class Learner:
 
     # -- rollouts --------------------------------------------------------------------
 
-    def _step_requests(self, step: int) -> list[rollout_pb2.GroupRequest]:
-        d = self.cfg.data
-        batch = train_seeds(self.state.cursor, d.groups_per_step, d.size)
-        self.state.cursor = batch.next_cursor
-        return [
-            train_group(d, run=self.cfg.run, step=step, index=g, seed=seed,
-                        min_version=self.state.version,
-                        sampling_seed=sampling_seed(self.cfg.seed, step, g)
-                        if self.cfg.deterministic else 0)
-            for g, seed in enumerate(batch.seeds)
-        ]
+    def _request(self, step: int, index: int, seed: int, min_version: int
+                 ) -> rollout_pb2.GroupRequest:
+        sampling = (sampling_seed(self.cfg.seed, step, index) if self.cfg.deterministic
+                    else 0)
+        return train_group(self.cfg.data, run=self.cfg.run, step=step, index=index, seed=seed,
+                           min_version=min_version, sampling_seed=sampling)
 
-    def _sync_groups(self, step: int) -> list[tuple[str, list]]:
-        requests = self._step_requests(step)
-        done = dict((r.idempotency_key, t) for r, t in self.pool.run_groups(
-            requests, max_in_flight=self.cfg.fleet.max_groups_in_flight))
-        return [(r.idempotency_key, done[r.idempotency_key]) for r in requests]
+    def _sync_groups(self, step: int) -> list[Group] | None:
+        """This step's groups, sampled with the current version; None if stopped."""
+        seeds = self.state.cursor.next_seeds(self.cfg.data.groups_per_step)
+        requests = [self._request(step, g, seed, self.state.version)
+                    for g, seed in enumerate(seeds)]
+        feed = GroupFeed(self.pool, requests,
+                         max_in_flight=self.cfg.fleet.max_groups_in_flight)
+        try:
+            groups = feed.take(len(requests), self.stop)
+        finally:
+            feed.close()
+        if groups is None:
+            return None
+        order = {r.idempotency_key: i for i, r in enumerate(requests)}
+        return sorted(groups, key=lambda g: order[g[0].idempotency_key])
+
+    def _async_requests(self) -> Iterator[rollout_pb2.GroupRequest]:
+        """Endless requests over the untrained seeds, each asking for a version at most
+        max_staleness behind the learner's current one."""
+        max_staleness = self.cfg.grpo_config().max_staleness
+        per_step = self.cfg.data.groups_per_step
+        for n, seed in enumerate(self.state.cursor.untrained()):
+            step, index = self.state.step + n // per_step, n % per_step
+            yield self._request(step, index, seed,
+                                max(0, self.state.version - max_staleness))
 
     # -- eval ------------------------------------------------------------------------
 
-    def evaluate(self) -> dict:
+    def evaluate(self, heldout_only: int = 0) -> dict:
         start = time.perf_counter()
-        result = evaluate(self.pool, self.cfg, self.state.version)
+        result = evaluate(self.pool, self.cfg, self.state.version, heldout_only=heldout_only)
         for name, summary in result.items():
             EVAL_SOLVE.labels(name).set(summary["solve_rate"])
+        seconds = time.perf_counter() - start
+        STEP_SECONDS.labels("eval").observe(seconds)
         doc = self._event("eval", step=self.state.step, version=self.state.version,
-                          seconds=round(time.perf_counter() - start, 2), **result)
+                          seconds=round(seconds, 2), **result)
         line = "  ".join(f"{k} solve {100 * v['solve_rate']:.1f}%±{100 * v['solve_rate_se']:.1f}"
                          f" pass@1 {100 * v['pass_at_1']:.1f}% turns {v['mean_turns']:.1f}"
                          for k, v in result.items())
-        print(f"[eval step {self.state.step:>4}] {line}", flush=True)
+        print(f"[eval step {self.state.step:>4}] {line}  ({seconds:.1f}s)", flush=True)
         return doc
 
     # -- the loop --------------------------------------------------------------------
 
+    def check_fleet(self) -> None:
+        """Fails fast (InsufficientCapacity) when the fleet cannot hold what the recipe
+        keeps in flight, once ``min_replicas`` replicas are live (or the sync timeout)."""
+        cfg = self.cfg
+        deadline = time.monotonic() + cfg.fleet.sync_timeout_s
+        while len(self.pool.replicas()) < cfg.fleet.min_replicas and \
+                time.monotonic() < deadline and not self.stop.is_set():
+            time.sleep(0.5)
+        self.pool.check_fits(cfg.data.group_size, cfg.fleet.max_groups_in_flight, wait_s=1.0)
+
     def run(self) -> dict:
         cfg = self.cfg
         started = time.perf_counter()
+        self.check_fleet()
         self._event("start", config=json.loads(cfg.model_dump_json()), step=self.state.step)
         self.publish()  # replicas serve exactly the learner's starting (or resumed) weights
         evals = []
         if cfg.eval.at_start and (cfg.eval.eval_seeds or cfg.eval.heldout_seeds):
             evals.append(self.evaluate())
-        producer = _AsyncProducer(self) if cfg.mode == "async" else None
+        feed = None
+        if cfg.mode == "async":
+            feed = GroupFeed(self.pool, self._async_requests(),
+                             max_in_flight=cfg.fleet.max_groups_in_flight,
+                             max_queued=cfg.data.groups_per_step
+                             * (cfg.grpo_config().max_staleness + 1))
         try:
             while self.state.step < cfg.steps and not self.stop.is_set():
-                self._one_step(producer)
+                if not self._one_step(feed):
+                    break  # stopped while waiting for rollouts: the step is abandoned
                 if cfg.eval.every and self.state.step % cfg.eval.every == 0 \
                         and self.state.step < cfg.steps:
-                    evals.append(self.evaluate())
+                    evals.append(self.evaluate(heldout_only=cfg.eval.curve_heldout))
                 if cfg.checkpoint.every and self.state.step % cfg.checkpoint.every == 0:
                     self._checkpoint()
         finally:
-            if producer is not None:
-                producer.close()
+            if feed is not None:
+                feed.close()
         if self.stop.is_set():
+            if cfg.checkpoint.every:
+                self._checkpoint()
             self._event("stopped", step=self.state.step)
             return {"stopped": True, "step": self.state.step}
         if cfg.eval.eval_seeds or cfg.eval.heldout_seeds:
@@ -216,115 +265,107 @@ class Learner:
             self._checkpoint()
         return self._event("end", step=self.state.step, version=self.state.version,
                            seconds=round(time.perf_counter() - started, 1),
+                           train_seconds=round(self.state.train_seconds, 1),
+                           signal_trajectories=self.state.signal_trajectories,
+                           pool_retries=dict(self.pool.retries),
                            first_eval=evals[0] if evals else None,
                            last_eval=evals[-1] if evals else None)
 
-    def _one_step(self, producer: _AsyncProducer | None) -> None:
+    def _one_step(self, feed: GroupFeed | None) -> bool:
+        """One optimiser step; False if a stop came before its rollouts were all in."""
         t0 = time.perf_counter()
         step = self.state.step
-        groups = producer.take(self.cfg.data.groups_per_step) if producer else \
+        groups = feed.take(self.cfg.data.groups_per_step, self.stop) if feed else \
             self._sync_groups(step)
+        if groups is None:
+            self._event("abandoned", step=step + 1, reason="stop while waiting for rollouts")
+            return False
         t1 = time.perf_counter()
-        rows, batch = build_rows(groups, self.state.version, self.cfg.grpo_config(),
-                                 self.vision_ids)
-        trajectories = [t for _, ts in groups for t in ts]
-        result = self.trainers.step(rows) if rows else None
+        keyed = [(request.idempotency_key, ts) for request, ts in groups]
+        rows, batch, signal = build_rows(keyed, self.state.version, self.cfg.grpo_config(),
+                                         self.vision_ids)
+        trajectories = [t for _, ts in keyed for t in ts]
         t2 = time.perf_counter()
-        self.state.step += 1
-        live_s = self.publish()
+        result = self.trainers.step(rows) if rows else None
         t3 = time.perf_counter()
-        rewards = [t.reward for t in trajectories]
+        self.state.step += 1
+        self.state.cursor.mark_trained(request.task.seed for request, _ in groups)
+        live_s = self.publish()
+        t4 = time.perf_counter()
+        self.state.signal_trajectories += signal
+        self.state.train_seconds += t4 - t0
+        n = max(len(trajectories), 1)
+        phases = {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2, "publish": t4 - t3}
         doc = {
             "step": self.state.step,
             "version": self.state.version,
-            "reward_mean": sum(rewards) / max(len(rewards), 1),
-            "solve_rate_sampled": sum(t.final_state.solved for t in trajectories)
-            / max(len(trajectories), 1),
-            "mean_turns": sum(len(t.turns) for t in trajectories) / max(len(trajectories), 1),
+            "reward_mean": sum(t.reward for t in trajectories) / n,
+            "solve_rate_sampled": sum(t.final_state.solved for t in trajectories) / n,
+            "mean_turns": sum(len(t.turns) for t in trajectories) / n,
+            "trajectories": len(trajectories),
+            "signal_trajectories": signal,
+            "signal_total": self.state.signal_trajectories,
+            "signal_per_min": 60 * self.state.signal_trajectories
+            / max(self.state.train_seconds, 1e-9),
             "rows": len(rows),
+            "forward_rows": result.forward_rows if result else 0,
             "dropped_unscoreable": len(trajectories) - batch.num_input,
             **{f"batch_{k}": v for k, v in batch.as_dict().items()},
             **({f"loss_{k}": v for k, v in result.stats.items()} if result else {}),
             "grad_norm": result.grad_norm if result else 0.0,
             "lr": self.trainers.lr(),
-            "rollout_s": round(t1 - t0, 3),
-            "train_s": round(t2 - t1, 3),
-            "publish_s": round(t3 - t2, 3),
+            **{f"{phase}_s": round(seconds, 3) for phase, seconds in phases.items()},
+            "step_s": round(t4 - t0, 3),
             "publish_to_live_s": round(live_s, 3),
             "generate_s": sum(t.timings.generate_s for t in trajectories),
             "env_s": sum(t.timings.env_s for t in trajectories),
         }
         self.state.history.append(doc)
         self._event("step", **doc)
+        if self.state.step == self.cfg.calibrate_step:
+            self._calibrate(rows, trajectories, phases)
         REWARD_MEAN.set(doc["reward_mean"])
         STALENESS.set(batch.max_staleness_seen)
         STEP.set(self.state.step)
-        for phase, seconds in (("rollout", t1 - t0), ("train", t2 - t1), ("publish", t3 - t2)):
+        for phase, seconds in phases.items():
             STEP_SECONDS.labels(phase).observe(seconds)
         print(f"[step {self.state.step:>4}/{self.cfg.steps}] reward {doc['reward_mean']:.3f} "
               f"solved {100 * doc['solve_rate_sampled']:.0f}% turns {doc['mean_turns']:.1f} "
-              f"kept {batch.num_kept}/{batch.num_input} (zero-var groups "
+              f"signal {signal}/{len(trajectories)} (zero-var groups "
               f"{batch.num_zero_variance_groups}, stale {batch.num_stale}) "
-              f"loss {doc.get('loss_loss', 0):+.4f} | rollout {t1 - t0:.1f}s "
-              f"train {t2 - t1:.1f}s publish {t3 - t2:.1f}s", flush=True)
+              f"rows {len(rows)} (fwd {doc['forward_rows']}) "
+              f"loss {doc.get('loss_loss', 0):+.4f} | "
+              + " ".join(f"{phase} {seconds:.1f}s" for phase, seconds in phases.items())
+              + f" | {doc['signal_per_min']:.0f} signal traj/min", flush=True)
+        return True
 
-
-class _AsyncProducer:
-    """Keeps rollouts running ahead of the trainer, never more than max_staleness versions
-    behind: each request asks for at least (current version − max_staleness)."""
-
-    def __init__(self, learner: Learner) -> None:
-        self.learner = learner
-        cfg = learner.cfg
-        self.queue: queue.Queue = queue.Queue(
-            maxsize=cfg.data.groups_per_step * (cfg.grpo_config().max_staleness + 1))
-        self._stop = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="producer", daemon=True)
-        self._thread.start()
-
-    def _requests(self):  # noqa: ANN202
-        step = self.learner.state.step
-        g = 0
-        max_staleness = self.learner.cfg.grpo_config().max_staleness
-        while not self._stop.is_set():
-            d = self.learner.cfg.data
-            batch = train_seeds(self.learner.state.cursor, 1, d.size)
-            self.learner.state.cursor = batch.next_cursor
-            min_version = max(0, self.learner.state.version - max_staleness)
-            yield train_group(d, run=self.learner.cfg.run, step=step, index=g,
-                              seed=batch.seeds[0], min_version=min_version)
-            g += 1
-            if g >= d.groups_per_step:
-                g, step = 0, step + 1
-
-    def _run(self) -> None:
-        try:
-            pool = self.learner.pool
-            for request, trajectories in pool.run_groups(
-                    self._requests(), self.learner.cfg.fleet.max_groups_in_flight):
-                while not self._stop.is_set():
-                    try:
-                        self.queue.put((request.idempotency_key, trajectories), timeout=0.5)
-                        break
-                    except queue.Full:
-                        continue
-                if self._stop.is_set():
-                    return
-        except BaseException as exc:  # noqa: BLE001 - handed to the trainer thread
-            self._error = exc
-
-    def take(self, n: int) -> list[tuple[str, list]]:
-        out = []
-        while len(out) < n:
-            if self._error is not None:
-                raise RuntimeError("rollout producer failed") from self._error
-            try:
-                out.append(self.queue.get(timeout=0.5))
-            except queue.Empty:
-                if self.learner.stop.is_set():
-                    break
-        return out
-
-    def close(self) -> None:
-        self._stop.set()
+    def _calibrate(self, rows: list, trajectories: list, phases: dict[str, float]) -> dict:
+        """This step's update and rollout against their limits on the same rows: a bare
+        forward+backward (update) and a bare batched forward of every turn's prompt
+        (rollout), on the same ranks, as tokens/s ratios."""
+        keyed = [trajectory_sample(t, f"calibrate/{i}").with_advantage(0.0)
+                 for i, t in enumerate(trajectories) if sum(t.loss_mask) > 0]
+        turn_rows = [r for sample in keyed for r in segment_rows(sample)]
+        bare_update_s, _ = self.trainers.bare_seconds(rows, forward_batch=64)
+        _, bare_rollout_s = self.trainers.bare_seconds(turn_rows, forward_batch=64)
+        update_tokens = sum(r.num_tokens for r in rows)
+        rollout_tokens = sum(r.num_tokens for r in turn_rows)
+        doc = self._event(
+            "calibration", step=self.state.step,
+            update_tokens=update_tokens, update_s=round(phases["update"], 3),
+            bare_forward_backward_s=round(bare_update_s, 3),
+            update_tokens_per_s=update_tokens / max(phases["update"], 1e-9),
+            bare_forward_backward_tokens_per_s=update_tokens / max(bare_update_s, 1e-9),
+            update_vs_bare=bare_update_s / max(phases["update"], 1e-9),
+            rollout_tokens=rollout_tokens, rollout_s=round(phases["rollout"], 3),
+            bare_forward_s=round(bare_rollout_s, 3),
+            rollout_tokens_per_s=rollout_tokens / max(phases["rollout"], 1e-9),
+            bare_forward_tokens_per_s=rollout_tokens / max(bare_rollout_s, 1e-9),
+            rollout_vs_bare=bare_rollout_s / max(phases["rollout"], 1e-9))
+        print(f"[calibration step {self.state.step}] update {doc['update_vs_bare']:.2f}x the "
+              f"bare forward+backward ({doc['update_tokens_per_s']:.0f} vs "
+              f"{doc['bare_forward_backward_tokens_per_s']:.0f} tok/s), rollout "
+              f"{doc['rollout_vs_bare']:.2f}x the bare batched forward "
+              f"({doc['rollout_tokens_per_s']:.0f} vs {doc['bare_forward_tokens_per_s']:.0f}"
+              " tok/s)", flush=True)
+        return doc

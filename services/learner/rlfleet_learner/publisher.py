@@ -6,7 +6,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -43,6 +43,8 @@ class Published:
     sha256: str
     write_s: float
     publish_to_live_s: float = 0.0
+    announce_s: float = 0.0  # the ckpt-sync Publish call (it verifies, then announces)
+    stages: dict[str, float] = field(default_factory=dict)  # of the write, in seconds
 
 
 class AdapterPublisher:
@@ -61,10 +63,12 @@ class AdapterPublisher:
         """Writes version `version` (or the next free one) and announces it. A full disk
         or permission error is retried; nothing half-written is ever announced."""
         start = time.perf_counter()
+        stages: dict[str, float] = {}
         while True:
             try:
                 manifest = retry(lambda v=version: publish_adapter_dir(
-                    self.root, self.run, v, files, base_model=self.base_model, step=step),
+                    self.root, self.run, v, files, base_model=self.base_model, step=step,
+                    timings=stages),
                     retry_on=retry_write)
                 break
             except DestinationExists:  # someone (a crashed earlier run) took the number
@@ -72,10 +76,12 @@ class AdapterPublisher:
             except StorageError as exc:
                 raise RuntimeError(f"cannot write adapter version {version}: {exc}") from exc
         written = time.perf_counter() - start
+        announce_start = time.perf_counter()
         self.sync.call(sync_pb2_grpc.SyncServiceStub, "Publish", sync_pb2.PublishRequest(
             adapter=common_pb2.AdapterRef(run=self.run, version=version,
                                           sha256=manifest.manifest_sha256)))
-        return Published(version, manifest.manifest_sha256, written)
+        return Published(version, manifest.manifest_sha256, written,
+                         announce_s=time.perf_counter() - announce_start, stages=stages)
 
     def wait_live(self, version: int, min_replicas: int, timeout_s: float) -> float:
         """Blocks until `min_replicas` serve `version`; the publish→live seconds."""

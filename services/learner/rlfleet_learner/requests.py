@@ -6,9 +6,10 @@ from rlfleet.v1 import common_pb2, rollout_pb2
 from rlfleet_learner.config import DataConfig
 
 
-def task_spec(data: DataConfig, seed: int) -> common_pb2.TaskSpec:
+def task_spec(data: DataConfig, seed: int, *, train: bool) -> common_pb2.TaskSpec:
     return common_pb2.TaskSpec(
         task=data.task, seed=seed, size=data.size, max_turns=data.max_turns,
+        turn_margin=data.turn_margin if train else 0,
         render=common_pb2.RenderOptions(cell_px=data.cell_px))
 
 
@@ -20,7 +21,7 @@ def sampling_seed(run_seed: int, step: int, group: int) -> int:
 def train_group(data: DataConfig, *, run: str, step: int, index: int, seed: int,
                 min_version: int, sampling_seed: int = 0) -> rollout_pb2.GroupRequest:
     return rollout_pb2.GroupRequest(
-        task=task_spec(data, seed),
+        task=task_spec(data, seed, train=True),
         group_size=data.group_size,
         sampling=rollout_pb2.SamplingParams(temperature=data.temperature,
                                             max_new_tokens=data.max_new_tokens,
@@ -37,7 +38,7 @@ def train_group(data: DataConfig, *, run: str, step: int, index: int, seed: int,
 def eval_episode(data: DataConfig, *, run: str, seed: int, version: int
                  ) -> rollout_pb2.GroupRequest:
     return rollout_pb2.GroupRequest(
-        task=task_spec(data, seed),
+        task=task_spec(data, seed, train=False),
         group_size=1,
         sampling=rollout_pb2.SamplingParams(temperature=0.0,
                                             max_new_tokens=data.max_new_tokens),

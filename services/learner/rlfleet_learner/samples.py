@@ -2,24 +2,25 @@
 
 Advantages are computed per trajectory (one reward per episode, grouped by task); each
 trajectory then becomes one training row per independent sequence it holds: one row in
-context "full", one row per turn in context "last_frame" (each carrying the trajectory's
-advantage), with the images that sequence shows.
+context "full", one row per turn in the per-turn contexts (each carrying the trajectory's
+advantage, and the trajectory's identity and loss-token count so that ``sequence_mean``
+weighs trajectories, not rows), with the frames that sequence shows as PNG bytes (the
+trainer's vision cache decodes a frame only the first time it sees it).
 """
 
 from __future__ import annotations
 
-import io
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import replace
 
 import numpy as np
-from PIL import Image
 
 from rlfleet.grpo import BatchStats, GRPOConfig, TrainSample, prepare_batch
 from rlfleet.v1 import rollout_pb2
 
 
 def trajectory_sample(t: rollout_pb2.Trajectory, group_id: str) -> TrainSample:
+    """The trajectory as one sample; ``sequence_key`` names it within the step."""
     return TrainSample(
         input_ids=np.asarray(t.token_ids, dtype=np.int64),
         loss_mask=np.asarray(t.loss_mask, dtype=np.float32),
@@ -28,19 +29,28 @@ def trajectory_sample(t: rollout_pb2.Trajectory, group_id: str) -> TrainSample:
         group_id=group_id,
         adapter_version=t.adapter.version,
         extras={"trajectory": t},
+        sequence_key=(group_id, t.index),
     )
 
 
-def decode_images(t: rollout_pb2.Trajectory) -> list[Image.Image]:
+def trajectory_pngs(t: rollout_pb2.Trajectory) -> list[bytes]:
     if any(not img.png for img in t.images):
         raise ValueError("trajectory lacks inline images; request include_images=true")
-    return [Image.open(io.BytesIO(img.png)).convert("RGB") for img in t.images]
+    return [img.png for img in t.images]
+
+
+def row_key(sample: TrainSample) -> Hashable:
+    """Equal for rows that are the same sequence: same tokens, same loss positions and
+    the same frames (the trainer runs the model once for all of them)."""
+    return (sample.input_ids.tobytes(), sample.loss_mask.tobytes(),
+            tuple(sample.extras["image_keys"]))
 
 
 def segment_rows(sample: TrainSample) -> list[TrainSample]:
     """The sample split at its trajectory's segment starts, images split alongside."""
     t: rollout_pb2.Trajectory = sample.extras["trajectory"]
-    images = decode_images(t)
+    images = trajectory_pngs(t)
+    keys = [img.sha256 for img in t.images]
     bounds = [*(t.segment_starts or [0]), len(t.token_ids)]
     rows = []
     for start, end in zip(bounds, bounds[1:], strict=False):
@@ -54,7 +64,9 @@ def segment_rows(sample: TrainSample) -> list[TrainSample]:
             input_ids=sample.input_ids[start:end],
             loss_mask=mask,
             logprobs=sample.logprobs[start:end],
-            extras={"images": images[first:first + count]},
+            extras={"images": images[first:first + count],
+                    "image_keys": keys[first:first + count]},
+            sequence_loss_tokens=sample.num_loss_tokens,
         ))
     return rows
 
@@ -70,11 +82,12 @@ def build_rows(
     current_version: int,
     cfg: GRPOConfig,
     vision_ids: set[int] = frozenset(),
-) -> tuple[list[TrainSample], BatchStats]:
+) -> tuple[list[TrainSample], BatchStats, int]:
     """Filters (unscoreable, staleness, zero-variance groups), computes advantages, and
-    splits into rows."""
+    splits into rows. Also returns how many kept trajectories carry a learning signal
+    (a non-zero advantage)."""
     samples = [trajectory_sample(t, key) for key, trajectories in groups for t in trajectories
                if sum(t.loss_mask) > 0 and not generated_vision_tokens(t, vision_ids)]
     kept, stats = prepare_batch(samples, current_version, cfg)
     rows = [row for sample in kept for row in segment_rows(sample)]
-    return rows, stats
+    return rows, stats, sum(1 for s in kept if s.advantage)

@@ -19,13 +19,21 @@ import torch.distributed as dist
 from rlfleet.grpo import GRPOConfig, MicroBatch, TrainSample, grpo_loss, make_micro_batches
 from rlfleet.policy import load_policy, sequence_logprobs
 from rlfleet.policy.lora import adapter_files, add_lora, lora_config
+from rlfleet.policy.vision import VisionEncoder, vision_is_frozen
 from rlfleet_learner.config import LearnerConfig
+from rlfleet_learner.samples import row_key
+
+# The frames of one step (a few hundred distinct ones on the tiny profile); older steps'
+# mazes never come back, so the cache only needs to hold a step.
+VISION_CACHE_BYTES = 64 << 20
 
 
 @dataclass
 class StepResult:
     stats: dict[str, float]
     grad_norm: float
+    rows: int = 0  # training rows of the step
+    forward_rows: int = 0  # distinct sequences the model ran on
 
 
 class PolicyTrainer:
@@ -41,6 +49,9 @@ class PolicyTrainer:
                                             dtype=torch.float32)
         self.model = add_lora(model, lora_config(cfg.model.lora_rank, cfg.model.lora_alpha))
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # LoRA leaves the vision tower frozen: its outputs are computed once per frame.
+        self.vision = (VisionEncoder(self.model, self.processor, max_bytes=VISION_CACHE_BYTES)
+                       if vision_is_frozen(self.model) else None)
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=o.betas,
                                            weight_decay=o.weight_decay)
@@ -59,28 +70,71 @@ class PolicyTrainer:
     # -- one update ------------------------------------------------------------------
 
     def micro_batches(self, rows: Sequence[TrainSample]) -> list[MicroBatch]:
-        return make_micro_batches(rows, self.grpo.micro_batch_size, pad_token_id=self.pad_id)
+        return micro_batches(rows, self.grpo.micro_batch_size, self.pad_id)
+
+    def _logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        """Current-policy logprobs of every row of ``mb``, computed once per distinct
+        sequence (``forward_rows``) and at the loss positions only."""
+        rows = list(mb.forward_rows)
+        seqs = [list(map(int, r)) for r in _rows(mb, rows)]
+        images = [mb.extras[r]["images"] for r in rows]
+        logp = sequence_logprobs(self.model, self.processor, seqs, images,
+                                 temperature=self.grpo.temperature,
+                                 score_mask=mb.loss_mask[rows], vision=self.vision)
+        return logp[mb.inverse.to(logp.device)]
 
     def accumulate(self, batches: Sequence[MicroBatch]) -> dict[str, float]:
         """Backward over `batches` (gradients accumulate); returns summed loss stats."""
         self.model.train()
         totals: dict[str, float] = {}
         for mb in batches:
-            seqs = [list(map(int, row)) for row in _rows(mb)]
-            images = [e["images"] for e in mb.extras]
-            logp = sequence_logprobs(self.model, self.processor, seqs, images,
-                                     temperature=self.grpo.temperature)
+            logp = self._logprobs(mb)
             logp_ref = None
             if self.grpo.kl_coef > 0:
                 with torch.no_grad(), self.model.disable_adapter():
-                    logp_ref = sequence_logprobs(self.model, self.processor, seqs, images,
-                                                 temperature=self.grpo.temperature)
+                    logp_ref = self._logprobs(mb)
             loss, stats = grpo_loss(logp, mb, self.grpo, logp_ref)
             loss.backward()
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + float(value) * (
                     1.0 if key in _ADDITIVE else mb.size)
         return totals
+
+    def bare_seconds(self, batches: Sequence[MicroBatch], forward_batch: int
+                     ) -> tuple[float, float]:
+        """The limits the update and the rollout are measured against, on these rows:
+        seconds of a bare forward+backward (every row, the vision tower run, logits at
+        every position) and of a bare batched forward (what a generation prefill does,
+        ``forward_batch`` rows at a time). Inputs are prepared outside the timing;
+        gradients are thrown away."""
+        import time
+
+        from rlfleet.policy.logprobs import collate, forward
+        from rlfleet.policy.vision import as_image
+
+        self.model.train()
+        rows = [(seq, [as_image(i) for i in mb.extras[r]["images"]])
+                for mb in batches for r, seq in zip(range(mb.size), _rows(mb, range(mb.size)),
+                                                     strict=True)]
+        device = next(self.model.parameters()).device
+
+        def batched(size: int) -> list:
+            return [collate(self.processor, [s for s, _ in rows[i:i + size]],
+                            [im for _, im in rows[i:i + size]]).to(device)
+                    for i in range(0, len(rows), size)]
+
+        train = batched(self.grpo.micro_batch_size)
+        start = time.perf_counter()
+        for batch in train:
+            forward(self.model, batch).logits.float().sum().backward()
+        fwd_bwd = time.perf_counter() - start
+        self.optimizer.zero_grad(set_to_none=True)
+        infer = batched(forward_batch)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            for batch in infer:
+                forward(self.model, batch, logits_to_keep=1)
+        return fwd_bwd, time.perf_counter() - start
 
     def apply(self) -> float:
         """All-reduces gradients across workers (if any), clips, steps; the grad norm."""
@@ -100,7 +154,8 @@ class PolicyTrainer:
         totals = self.accumulate(batches)
         n = max(1, sum(mb.size for mb in batches))
         stats = {k: (v if k in _ADDITIVE else v / n) for k, v in totals.items()}
-        return StepResult(stats, self.apply())
+        return StepResult(stats, self.apply(), rows=sum(mb.size for mb in batches),
+                          forward_rows=sum(mb.num_forward for mb in batches))
 
     # -- state -----------------------------------------------------------------------
 
@@ -125,7 +180,14 @@ class PolicyTrainer:
 _ADDITIVE = {"loss", "policy_loss", "kl_loss", "num_loss_tokens", "num_sequences"}
 
 
-def _rows(mb: MicroBatch) -> list[list[int]]:
-    """Unpadded token rows of a micro-batch."""
+def micro_batches(rows: Sequence[TrainSample], size: int, pad_id: int, *,
+                  dedup: bool = True) -> list[MicroBatch]:
+    """A step's rows in micro-batches of at most ``size`` distinct sequences."""
+    return make_micro_batches(rows, size, pad_token_id=pad_id,
+                              dedup_key=row_key if dedup else None)
+
+
+def _rows(mb: MicroBatch, which: Sequence[int]) -> list[list[int]]:
+    """Unpadded token rows ``which`` of a micro-batch."""
     lengths = mb.attention_mask.sum(dim=1).tolist()
-    return [mb.input_ids[i, : int(n)].tolist() for i, n in enumerate(lengths)]
+    return [mb.input_ids[i, : int(lengths[i])].tolist() for i in which]

@@ -13,9 +13,10 @@ from typing import Any
 import ray
 import torch
 
-from rlfleet.grpo import TrainSample, make_micro_batches
+from rlfleet.grpo import TrainSample
 from rlfleet_learner.config import LearnerConfig
-from rlfleet_learner.trainer import _ADDITIVE, PolicyTrainer, StepResult
+from rlfleet_learner.samples import row_key
+from rlfleet_learner.trainer import _ADDITIVE, PolicyTrainer, StepResult, micro_batches
 
 
 class TrainWorker:
@@ -38,6 +39,9 @@ class TrainWorker:
     def adapter_files(self) -> dict[str, bytes]:
         return self.trainer.adapter_files()
 
+    def bare_seconds(self, batches: list, forward_batch: int) -> tuple[float, float]:
+        return self.trainer.bare_seconds(batches, forward_batch)
+
     def state(self) -> dict[str, Any]:
         t = self.trainer
         return {"adapter": t.lora_state(), "optimizer": t.optimizer.state_dict(),
@@ -54,6 +58,18 @@ class TrainWorker:
 
     def pad_id(self) -> int:
         return self.trainer.pad_id
+
+
+def balanced_micro_batches(rows: Sequence[TrainSample], max_size: int, world: int,
+                           pad_id: int) -> list:
+    """Micro-batches of at most ``max_size`` distinct sequences, as many as a multiple of
+    ``world`` and of near-equal size, so every rank gets the same share of the work."""
+    distinct = len({row_key(r) for r in rows})
+    if distinct == 0:
+        return []
+    count = -(-distinct // max_size)
+    count = -(-count // world) * world
+    return micro_batches(rows, -(-distinct // count), pad_id)
 
 
 def _free_address() -> str:
@@ -77,7 +93,8 @@ class TrainerGroup:
         self.pad_id = ray.get([w.pad_id.remote() for w in self.workers])[0]
 
     def step(self, rows: Sequence[TrainSample]) -> StepResult:
-        batches = make_micro_batches(rows, self.micro_batch_size, pad_token_id=self.pad_id)
+        batches = balanced_micro_batches(rows, self.micro_batch_size, len(self.workers),
+                                         self.pad_id)
         shards = [batches[r::len(self.workers)] for r in range(len(self.workers))]
         results = ray.get([w.step.remote(s) for w, s in zip(self.workers, shards, strict=True)])
         totals: dict[str, float] = {}
@@ -87,7 +104,18 @@ class TrainerGroup:
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0.0) + v
         stats = {k: (v if k in _ADDITIVE else v / max(n, 1)) for k, v in totals.items()}
-        return StepResult(stats, results[0][2])
+        return StepResult(stats, results[0][2], rows=n,
+                          forward_rows=sum(mb.num_forward for mb in batches))
+
+    def bare_seconds(self, rows: Sequence[TrainSample], forward_batch: int
+                     ) -> tuple[float, float]:
+        """Wall seconds of a bare forward+backward and of a bare batched forward of
+        ``rows`` (no cache, no merged duplicates), split over the ranks as a step is."""
+        batches = micro_batches(rows, self.micro_batch_size, self.pad_id, dedup=False)
+        shards = [batches[r::len(self.workers)] for r in range(len(self.workers))]
+        times = ray.get([w.bare_seconds.remote(s, forward_batch)
+                         for w, s in zip(self.workers, shards, strict=True)])
+        return max(t[0] for t in times), max(t[1] for t in times)
 
     def adapter_files(self) -> dict[str, bytes]:
         return ray.get(self.workers[0].adapter_files.remote())

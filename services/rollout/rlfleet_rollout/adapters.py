@@ -1,9 +1,15 @@
 """The replica's LoRA adapters: verify, load, swap, and unload when no episode uses them.
 
-A version is loaded only from a private copy whose every file matched the manifest's
-sha256 (so nothing can change between the check and the load), only if it is newer than
-the live one, and only then becomes live. Episodes hold the version they started with
-until they finish; an old adapter is unloaded when its last episode releases it.
+A version is read from the runs root once, into private memory, hashed while it is read,
+and checked against its manifest (every file's sha256 and size, the manifest's own sha256
+against the announced identity, run and version) before anything is loaded; the engine
+then loads exactly those verified bytes (the hf engine straight from memory; an engine
+that needs a directory, vLLM, gets a private copy written from them), so nothing can
+change between the check and the load and nothing is read twice. Only a version newer
+than the live one is loaded, and only once loaded does it become live; a failed load
+leaves the old one serving. Episodes hold the version they started with until they
+finish; an old adapter is unloaded when its last episode releases it (after the new one
+is acknowledged: unloading is off the publish → live path).
 """
 
 from __future__ import annotations
@@ -14,18 +20,21 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 from rlfleet.registry import AdapterRecord
 from rlfleet.storage import (
     AdapterVerificationError,
     PathOutsideRunsRoot,
     RunsRoot,
-    verify_adapter_dir,
 )
+from rlfleet.storage.adapters import MANIFEST_FILE, VerifiedAdapter, read_verified_adapter
+from rlfleet.storage.atomic import write_file
 from rlfleet_rollout.batcher import GenerationBatcher
 
 log = logging.getLogger(__name__)
@@ -33,10 +42,31 @@ log = logging.getLogger(__name__)
 ADAPTER_VERSION = Gauge("rlfleet_rollout_adapter_version", "adapter version this replica serves",
                         ["replica"])
 ADAPTER_LOADS = Counter("rlfleet_rollout_adapter_loads_total", "adapter loads", ["outcome"])
+ADAPTER_STAGE = Histogram(
+    "rlfleet_rollout_adapter_stage_seconds",
+    "seconds per stage of loading an adapter version (read_verify: read every file once "
+    "and hash it; private_copy: only for engines that load from a dir; engine_load; "
+    "ack: heartbeat + Acknowledge; unload_old)",
+    ["stage"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
+)
 
 
 class AdapterRefused(Exception):
     """A version that must not be served (bad path, bad hash, older than live)."""
+
+
+@dataclass
+class Prefetch:
+    """A version being read and verified against its own manifest ahead of its
+    announcement (on ckpt-sync's PendingVersion hint). It serves nothing by itself: `load`
+    takes its bytes only when the announced identity, run, version and path match."""
+
+    record: AdapterRecord
+    future: Future
+    hinted_at: float
+    started_at: float = 0.0
+    finished_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -99,8 +129,58 @@ class AdapterManager:
 
     # -- loading -------------------------------------------------------------------
 
-    def load(self, record: AdapterRecord) -> LiveAdapter:
-        """Verifies and loads `record`, then makes it live. Raises AdapterRefused."""
+    def start_prefetch(self, record: AdapterRecord, executor: Executor,
+                       hinted_at: float | None = None) -> Prefetch:
+        """Starts reading and verifying `record` (a hint) on `executor`; see Prefetch."""
+        prefetch = Prefetch(record, Future(), hinted_at or time.time())
+
+        def run() -> VerifiedAdapter:
+            prefetch.started_at = time.time()
+            try:
+                source = self.runs_root.resolve(record.path)
+                return read_verified_adapter(source, expected_sha256=record.sha256 or None,
+                                             run=record.run, version=record.version)
+            finally:
+                prefetch.finished_at = time.time()
+
+        prefetch.future = executor.submit(run)
+        return prefetch
+
+    def _prefetched(self, prefetch: Prefetch | None, record: AdapterRecord, source: Path
+                    ) -> VerifiedAdapter | None:
+        # The read-ahead bytes, only if they are exactly the announced version: its
+        # manifest's sha256 is the announced identity, and every byte matched that
+        # manifest as it was read. Anything else (a failed or different read) is dropped.
+        if prefetch is None or prefetch.record.version != record.version:
+            return None
+        try:
+            got = prefetch.future.result()
+        except Exception as exc:  # noqa: BLE001 - the load reads it again and decides
+            log.info("read-ahead not used", extra={"version": record.version,
+                                                   "error": str(exc)})
+            return None
+        m = got.manifest
+        if (got.path != source or m.manifest_sha256 != record.sha256 or m.run != record.run
+                or m.version != record.version):
+            return None
+        return got
+
+    def load(self, record: AdapterRecord, *, noticed_at: float | None = None,
+             prefetch: Prefetch | None = None) -> LiveAdapter:
+        """Verifies and loads `record`, then makes it live. Raises AdapterRefused (a
+        version that must not be served), or the engine's error when loading fails (the
+        live version stays). `noticed_at`: when the replica heard of it (for timings);
+        `prefetch`: the version read ahead on a hint, used only if it is this one."""
+        stages: dict[str, float] = {}
+        clock = time.perf_counter()
+
+        def lap(stage: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            stages[stage] = now - clock
+            ADAPTER_STAGE.labels(stage.removesuffix("_s")).observe(now - clock)
+            clock = now
+
         with self._load_lock:
             if record.run != self.run:
                 raise AdapterRefused(f"version is for run {record.run!r}, not {self.run!r}")
@@ -113,14 +193,32 @@ class AdapterManager:
                 ADAPTER_LOADS.labels("refused").inc()
                 raise AdapterRefused(str(exc)) from exc
             name = f"{record.run}@v{record.version:06d}"
-            local = self._staging / name
+            lap("wait_s")
+            verified = self._prefetched(prefetch, record, source)
+            if verified is not None:
+                assert prefetch is not None
+                stages["read_ahead_s"] = prefetch.finished_at - prefetch.started_at
+                stages["hint_to_notice_s"] = (noticed_at or time.time()) - prefetch.hinted_at
+            else:
+                try:
+                    verified = read_verified_adapter(source, expected_sha256=record.sha256,
+                                                     run=record.run, version=record.version)
+                except (AdapterVerificationError, OSError) as exc:
+                    ADAPTER_LOADS.labels("refused").inc()
+                    raise AdapterRefused(f"version {record.version} refused: {exc}") from exc
+            lap("read_verify_s")  # with a read-ahead: only the wait for it to finish
+            load, local = self._loader(name, verified, stages)
+            if local is not None:
+                lap("private_copy_s")
+            del verified  # from here on only the engine holds the bytes it loaded
             try:
-                self._stage(source, local, record)
-            except (AdapterVerificationError, OSError) as exc:
-                ADAPTER_LOADS.labels("refused").inc()
-                shutil.rmtree(local, ignore_errors=True)
-                raise AdapterRefused(f"version {record.version} refused: {exc}") from exc
-            self.batcher.call(lambda engine: engine.load_adapter(name, str(local)))
+                self.batcher.call(load)
+            except Exception:
+                ADAPTER_LOADS.labels("failed").inc()
+                if local is not None:
+                    shutil.rmtree(local, ignore_errors=True)
+                raise
+            lap("engine_load_s")
             adapter = LiveAdapter(record.run, record.version, record.sha256, record.path, name)
             with self._cond:
                 old = self.current
@@ -129,24 +227,39 @@ class AdapterManager:
                 unload_now = old.engine_name is not None and not self._users.get(old.engine_name)
                 if old.engine_name is not None and not unload_now:
                     self._retired.add(old.engine_name)
-            if unload_now:
-                self._unload(old.engine_name)
             ADAPTER_LOADS.labels("loaded").inc()
             ADAPTER_VERSION.labels(self.replica_id).set(adapter.version)
-            log.info("adapter live", extra={"run": record.run, "version": record.version})
+            lap("swap_s")
             if self.on_live is not None:
                 self.on_live(adapter)
+            lap("ack_s")
+            acked_at = time.time()
+            if unload_now:
+                self._unload(old.engine_name)
+            lap("unload_old_s")
+            log.info("adapter live", extra={"run": record.run, "version": record.version})
+            log.info("adapter stages", extra={
+                "run": record.run, "version": record.version,
+                "published_at": record.published_at,
+                "stages": {"noticed_at": noticed_at or 0.0, "acked_at": acked_at, **stages}})
             return adapter
 
-    def _stage(self, source: Path, local: Path, record: AdapterRecord) -> None:
-        """Copies the version to a private dir and verifies the copy (what is loaded is
-        exactly what was checked)."""
+    def _loader(self, name: str, verified: VerifiedAdapter, timings: dict[str, float]
+                ) -> tuple[Callable[[Any], None], Path | None]:
+        """What the engine thread runs to load `verified` as `name`: straight from the
+        verified bytes where the engine can (hf), else from a private dir written from
+        them (vLLM loads LoRA from a path); also that dir, if one was written."""
+        files, source = dict(verified.files), str(verified.path)
+        if hasattr(self.batcher.engine, "load_adapter_files"):
+            return (lambda engine: engine.load_adapter_files(
+                name, files, source=source, timings=timings)), None
+        local = self._staging / name
         shutil.rmtree(local, ignore_errors=True)
-        shutil.copytree(source, local, symlinks=True)
-        manifest = verify_adapter_dir(local, expected_sha256=record.sha256)
-        if manifest.run != record.run or manifest.version != record.version:
-            raise AdapterVerificationError(
-                f"manifest names run {manifest.run!r} version {manifest.version}")
+        local.mkdir(mode=0o700)
+        for fname, data in files.items():  # private scratch: no fsync needed
+            write_file(local, fname, data, fsync=False)
+        write_file(local, MANIFEST_FILE, verified.manifest_bytes, fsync=False)
+        return (lambda engine: engine.load_adapter(name, str(local))), local
 
     def _unload(self, engine_name: str | None) -> None:
         if engine_name is None:

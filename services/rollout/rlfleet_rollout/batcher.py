@@ -1,6 +1,13 @@
 """One engine thread, many episodes: requests from every running group are merged into
 batches (same sampling params and adapter), so generation is batched across all the
-episodes a replica is playing, not just within a group."""
+episodes a replica is playing, not just within a group.
+
+Each group thread submits one job per turn (its live episodes) and then steps the env, so
+groups drift out of phase and a batch started at the first arrival would hold only a few
+of them. The batcher therefore waits, at most ``linger_s``, until every playing group
+(``expected()``) has its turn queued: the engine then runs one batch per turn of the whole
+replica, which is what makes a forward pass cheap per episode.
+"""
 
 from __future__ import annotations
 
@@ -33,7 +40,8 @@ class _Job:
     @property
     def key(self) -> tuple:
         p = self.params
-        # Seeded jobs are never merged: their seeds index requests within the batch.
+        # A job seeded through its params is never merged (that seed numbers requests
+        # within the batch); requests that carry their own seeds merge freely.
         return (p.temperature, p.top_p, p.top_k, p.max_new_tokens, p.seed, self.adapter,
                 id(self) if p.seed is not None else None)
 
@@ -45,10 +53,13 @@ class _Call:
 
 
 class GenerationBatcher:
-    def __init__(self, engine: Engine, max_batch: int = 64, linger_s: float = 0.002) -> None:
+    def __init__(self, engine: Engine, max_batch: int = 64, linger_s: float = 0.02,
+                 expected: Callable[[], int] | None = None) -> None:
         self.engine = engine
         self.max_batch = max_batch
         self.linger_s = linger_s
+        # how many groups are playing (each queues one job per turn); None: do not wait
+        self.expected = expected
         self._queue: queue.Queue[_Job | _Call | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._thread.start()
@@ -77,10 +88,16 @@ class GenerationBatcher:
                 if item is None:
                     return
                 pending.append(item)
-                time.sleep(self.linger_s)  # let concurrent groups add their turns
+            deadline = time.monotonic() + self.linger_s
             while True:
+                jobs = sum(isinstance(p, _Job) for p in pending)
+                waiting = (self.expected is not None and jobs < self.expected()
+                           and sum(len(p.requests) for p in pending if isinstance(p, _Job))
+                           < self.max_batch)
+                timeout = deadline - time.monotonic() if waiting else 0.0
                 try:
-                    item = self._queue.get_nowait()
+                    item = (self._queue.get(timeout=timeout) if timeout > 0
+                            else self._queue.get_nowait())
                 except queue.Empty:
                     break
                 if item is None:

@@ -97,7 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        ("--env-address", str), ("--reward-address", str),
                        ("--redis-url", str), ("--sync-address", str), ("--runs-root", Path),
                        ("--run", str), ("--replica-id", str), ("--advertise-address", str),
-                       ("--max-batch", int), ("--max-groups", int),
+                       ("--max-batch", int), ("--max-groups", int), ("--max-episodes", int),
                        ("--adapter-wait-s", float), ("--cell-px", int),
                        ("--heartbeat-s", float), ("--heartbeat-ttl-s", float)):
         serve.add_argument(flag, type=kind, default=None)

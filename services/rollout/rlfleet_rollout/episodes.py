@@ -83,7 +83,7 @@ class EpisodeBuffer:
         # The first observation's text is the instruction, a blank line, the status.
         status = observation.text.removeprefix(self.instruction).lstrip("\n")
         text = observation.text if self.context == "full" else \
-            turn_text(self.context, self.instruction, status)
+            turn_text(self.context, self.instruction, status, observation.feedback)
         enc = self.codec.encode_prompt([observation_message(observation.image.png, text)])
         self._append(enc, observation.image.png)
         self._segment_images = len(enc.images)
@@ -112,7 +112,8 @@ class EpisodeBuffer:
             return
         # per-turn contexts: a fresh sequence with the current frame only
         self.segment_starts.append(len(self.token_ids))
-        text = turn_text(self.context, self.instruction, observation.text)
+        text = turn_text(self.context, self.instruction, observation.text,
+                         observation.feedback)
         enc = self.codec.encode_prompt([observation_message(png, text)])
         self._append(enc, png)
         self._segment_images = len(enc.images)
@@ -162,6 +163,7 @@ class GroupPlayer:
         spec.CopyFrom(request.task)
         if not spec.render.cell_px and self.cell_px:
             spec.render.cell_px = self.cell_px
+        unseeded = SamplingConfig(**{**params.__dict__, "seed": None})
         G = request.group_size
         start = time.perf_counter()
         try:
@@ -180,11 +182,14 @@ class GroupPlayer:
             while live:
                 if not is_active():
                     return
-                turn_params = params if params.seed is None else SamplingConfig(
-                    **{**params.__dict__, "seed": params.seed + 1_000_003 * turn})
+                # Each request carries its own seed (episode index and turn), so the
+                # batcher can merge this group's turn with every other group's.
+                requests = [ep.buffer.request() for ep in live]
+                if params.seed is not None:
+                    for ep, req in zip(live, requests, strict=True):
+                        req.seed = params.seed + 1_000_003 * turn + ep.index
                 t0 = time.perf_counter()
-                gens = self.batcher.generate([ep.buffer.request() for ep in live], turn_params,
-                                             adapter.engine_name)
+                gens = self.batcher.generate(requests, unseeded, adapter.engine_name)
                 dt_gen = time.perf_counter() - t0
                 actions = []
                 for ep, gen in zip(live, gens, strict=True):

@@ -7,11 +7,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import redis
 
-from rlfleet.registry import AdapterRegistry, ReplicaInfo, ReplicaRegistry
-from rlfleet_rollout.adapters import AdapterManager, AdapterRefused
+from rlfleet.registry import AdapterRecord, AdapterRegistry, ReplicaInfo, ReplicaRegistry
+from rlfleet.registry.adapters import PendingVersion
+from rlfleet_rollout.adapters import AdapterManager, AdapterRefused, Prefetch
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +51,30 @@ class Heartbeat:
 
 class AdapterWatcher:
     """Loads every newer version it hears of; a refused version is remembered and never
-    retried (it would be refused again)."""
+    retried (it would be refused again).
+
+    Event-driven: it blocks on the run's pub/sub channel and starts loading the moment an
+    announcement arrives (the wait wakes on the message; `events_poll_s` only bounds how
+    long a stop request can go unnoticed). Reading the latest key every `poll_s` is only
+    the fallback for announcements missed while Redis was away; it also runs right after
+    the first subscription, so nothing published before the watcher listened is missed.
+
+    On ckpt-sync's hint that a version is being verified (PendingVersion) it starts
+    reading and hashing that version in the background, so the announcement finds the
+    bytes ready; the announcement alone decides what is loaded (see AdapterManager)."""
+
+    PREFETCH_TTL_S = 120.0  # a read-ahead never announced (refused) is dropped after this
 
     def __init__(self, registry: AdapterRegistry, manager: AdapterManager,
-                 poll_s: float = 2.0) -> None:
+                 poll_s: float = 2.0, events_poll_s: float = 0.5) -> None:
         self.registry = registry
         self.manager = manager
         self.poll_s = poll_s
+        self.events_poll_s = events_poll_s
         self.refused: set[tuple[int, str]] = set()
+        self._prefetch: Prefetch | None = None
+        self._prefetcher = ThreadPoolExecutor(max_workers=1,
+                                              thread_name_prefix="adapter-read-ahead")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="adapters", daemon=True)
 
@@ -66,13 +84,33 @@ class AdapterWatcher:
         if record is not None:
             self._consider(record)
 
-    def _consider(self, record) -> None:  # noqa: ANN001
+    def _hint(self, record: AdapterRecord) -> None:
+        if (record.run != self.manager.run or record.version <= self.manager.current.version
+                or (self._prefetch is not None
+                    and self._prefetch.record.version >= record.version)):
+            return
+        if self._prefetch is not None:
+            self._prefetch.future.cancel()  # an older read-ahead not started yet: skip it
+        self._prefetch = self.manager.start_prefetch(record, self._prefetcher, time.time())
+
+    def _take_prefetch(self, record: AdapterRecord) -> Prefetch | None:
+        prefetch = self._prefetch
+        if prefetch is None:
+            return None
+        if prefetch.record.version <= record.version:
+            self._prefetch = None  # used now, or overtaken
+        if (prefetch.record.version, prefetch.record.path) == (record.version, record.path):
+            return prefetch
+        return None
+
+    def _consider(self, record, noticed_at: float | None = None) -> None:  # noqa: ANN001
+        prefetch = self._take_prefetch(record)
         if record.version <= self.manager.current.version:
             return
         if (record.version, record.sha256) in self.refused:
             return
         try:
-            self.manager.load(record)
+            self.manager.load(record, noticed_at=noticed_at or time.time(), prefetch=prefetch)
         except AdapterRefused as exc:
             self.refused.add((record.version, record.sha256))
             log.error("adapter refused", extra={"version": record.version, "error": str(exc)})
@@ -82,15 +120,22 @@ class AdapterWatcher:
 
     def stop(self) -> None:
         self._stop.set()
+        self._prefetcher.shutdown(wait=False, cancel_futures=True)
 
     def _loop(self) -> None:
         last_poll = 0.0
-        events = self.registry.events(self.manager.run, poll_s=0.5)
+        events = self.registry.events(self.manager.run, poll_s=self.events_poll_s,
+                                      pending=True)
         while not self._stop.is_set():
             try:
-                record = next(events)
-                if record is not None:
-                    self._consider(record)
+                event = next(events)
+                if isinstance(event, PendingVersion):
+                    self._hint(event.record)
+                elif event is not None:
+                    self._consider(event, noticed_at=time.time())
+                if (self._prefetch is not None
+                        and time.time() - self._prefetch.hinted_at > self.PREFETCH_TTL_S):
+                    self._prefetch = None
                 if time.monotonic() - last_poll > self.poll_s:
                     last_poll = time.monotonic()
                     self.catch_up()  # covers events missed while Redis was away

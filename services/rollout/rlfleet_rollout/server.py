@@ -115,9 +115,10 @@ def build_replica(settings: RolloutSettings) -> Replica:
         reward=RpcClient(reward_address, token=token, timeout_s=settings.env_timeout_s),
         replica_id=settings.replica_id, cell_px=settings.render_cell_px())
     servicer = RolloutServicer(
-        player, adapters, max_groups=settings.max_groups,
+        player, adapters, max_groups=settings.max_groups, max_episodes=settings.max_episodes,
         adapter_wait_s=settings.adapter_wait_s, cache=GroupCache(settings.idempotency_cache),
         address="", engine=settings.engine, model=model_dir)
+    batcher.expected = lambda: servicer.active_groups  # wait for every group's turn
     server = GrpcServer("rollout", config, [
         lambda s: rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, s)
         or ROLLOUT_SERVICE])
@@ -133,7 +134,8 @@ def build_replica(settings: RolloutSettings) -> Replica:
                 replica_id=settings.replica_id, address=address, run=settings.run,
                 adapter_version=a.version, adapter_sha256=a.sha256,
                 active_groups=servicer.active_groups,
-                active_episodes=servicer.active_episodes, engine=settings.engine)
+                active_episodes=servicer.active_episodes, engine=settings.engine,
+                max_groups=servicer.max_groups, max_episodes=servicer.max_episodes)
 
         heartbeat = Heartbeat(replica_registry, info, settings.heartbeat_s,
                               settings.heartbeat_ttl_s)

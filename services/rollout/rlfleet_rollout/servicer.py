@@ -20,6 +20,13 @@ ACTIVE_EPISODES = Gauge("rlfleet_rollout_active_episodes",
                         "episodes being played (the load the autoscaler follows)")
 TRAJECTORIES = Counter("rlfleet_rollout_trajectories_total", "trajectories streamed",
                        ["reward_name"])
+REFUSED = Counter("rlfleet_rollout_groups_refused_total",
+                  "groups answered RESOURCE_EXHAUSTED because the replica was full", ["limit"])
+PEAK_GROUPS = Gauge("rlfleet_rollout_peak_groups", "most groups played at once since start")
+PEAK_EPISODES = Gauge("rlfleet_rollout_peak_episodes",
+                      "most episodes played at once since start")
+MAX_GROUPS = Gauge("rlfleet_rollout_max_groups", "capacity: groups played at once")
+MAX_EPISODES = Gauge("rlfleet_rollout_max_episodes", "capacity: episodes played at once")
 
 
 def validate(request: rollout_pb2.GroupRequest) -> None:
@@ -34,13 +41,33 @@ def validate(request: rollout_pb2.GroupRequest) -> None:
         raise InvalidArgument("min_adapter_version must be >= 0")
 
 
+def admits(active_groups: int, active_episodes: int, group_size: int, max_groups: int,
+           max_episodes: int) -> bool:
+    """The admission rule (the pool applies the same one to what it has sent): both limits
+    hold after admitting the group; an idle replica admits any one group, so a group larger
+    than max_episodes is never starved."""
+    if active_groups == 0:
+        return True
+    return active_groups < max_groups and active_episodes + group_size <= max_episodes
+
+
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
+    """Plays groups; admission is by `admits` on max_groups and max_episodes (the capacity
+    advertised in the heartbeat and GetStatus), a full replica answers RESOURCE_EXHAUSTED."""
+
     def __init__(self, player: GroupPlayer, adapters: AdapterManager, *, max_groups: int,
                  adapter_wait_s: float, cache: GroupCache, address: str, engine: str,
-                 model: str) -> None:
+                 model: str, max_episodes: int = 64) -> None:
+        if max_groups < 1 or max_episodes < 1:
+            raise ValueError("max_groups and max_episodes must be >= 1")
         self.player = player
         self.adapters = adapters
         self.max_groups = max_groups
+        self.max_episodes = max_episodes
+        self.peak_groups = 0
+        self.peak_episodes = 0
+        MAX_GROUPS.set(max_groups)
+        MAX_EPISODES.set(max_episodes)
         self.adapter_wait_s = adapter_wait_s
         self.cache = cache
         self.address = address
@@ -57,12 +84,21 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def _play(self, request: rollout_pb2.GroupRequest, context: grpc.ServicerContext):  # noqa: ANN202
         queued = time.perf_counter()
         with self._lock:
-            if self.active_groups >= self.max_groups:
+            if not admits(self.active_groups, self.active_episodes, request.group_size,
+                          self.max_groups, self.max_episodes):
+                limit = "groups" if self.active_groups >= self.max_groups else "episodes"
+                REFUSED.labels(limit).inc()
                 raise ResourceExhausted(
-                    f"replica is playing {self.active_groups} groups (limit {self.max_groups});"
-                    " retry on another replica")
+                    f"replica is full: {self.active_groups} groups, {self.active_episodes} "
+                    f"episodes (limits {self.max_groups} groups, {self.max_episodes} "
+                    f"episodes; a group of {request.group_size} does not fit); retry later "
+                    "or on another replica")
             self.active_groups += 1
             self.active_episodes += request.group_size
+            self.peak_groups = max(self.peak_groups, self.active_groups)
+            self.peak_episodes = max(self.peak_episodes, self.active_episodes)
+            PEAK_GROUPS.set(self.peak_groups)
+            PEAK_EPISODES.set(self.peak_episodes)
             ACTIVE_GROUPS.set(self.active_groups)
             ACTIVE_EPISODES.set(self.active_episodes)
         try:
@@ -96,4 +132,6 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             active_episodes=self.active_episodes,
             engine=self.engine,
             model=self.model,
+            max_groups=self.max_groups,
+            max_episodes=self.max_episodes,
         )

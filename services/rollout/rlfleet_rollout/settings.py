@@ -35,7 +35,12 @@ class RolloutSettings(ServiceSettings):
     heartbeat_s: float = Field(2.0, gt=0)
     heartbeat_ttl_s: float = Field(10.0, gt=0)
     max_batch: int = Field(64, ge=1, le=1024)
-    max_groups: int = Field(16, ge=1)  # concurrent groups; more answer RESOURCE_EXHAUSTED
+    # Capacity, advertised in the heartbeat and GetStatus: a group is admitted while the
+    # replica plays fewer than max_groups groups and active episodes + group_size stay
+    # <= max_episodes; anything more answers RESOURCE_EXHAUSTED. An idle replica admits any
+    # one group, even one larger than max_episodes, so big groups are never starved.
+    max_groups: int = Field(16, ge=1)  # concurrent groups
+    max_episodes: int = Field(64, ge=1, le=65536)  # concurrent episodes (all groups)
     adapter_wait_s: float = Field(30.0, ge=0)  # how long a group waits for min_adapter_version
     cell_px: int = Field(0, ge=0, le=64)  # render size asked of the env; 0 = per profile
     idempotency_cache: int = Field(256, ge=1)

@@ -1,0 +1,30 @@
+"""The replica registry in a real Redis: heartbeats carry capacity, and readers tolerate
+fields they do not know (replicas and learners of different versions share a registry)."""
+
+from __future__ import annotations
+
+import json
+
+from rlfleet.registry import ReplicaInfo, ReplicaRegistry, connect, keys
+
+
+def test_heartbeat_round_trips_capacity(redis_url: str) -> None:
+    registry = ReplicaRegistry(connect(redis_url))
+    registry.heartbeat(ReplicaInfo("r1", "127.0.0.1:1", run="x", active_groups=1,
+                                   active_episodes=4, max_groups=3, max_episodes=12), ttl_s=30)
+    registry.heartbeat(ReplicaInfo("r2", "127.0.0.1:2", run="x"), ttl_s=30)  # not advertised
+    live = {r.replica_id: r for r in registry.live()}
+    assert (live["r1"].max_groups, live["r1"].max_episodes) == (3, 12)
+    assert (live["r2"].max_groups, live["r2"].max_episodes) == (0, 0)
+
+
+def test_unknown_fields_are_ignored_and_corrupt_values_skipped(redis_url: str) -> None:
+    client = connect(redis_url)
+    newer = {"replica_id": "new", "address": "127.0.0.1:3", "run": "x", "max_groups": 2,
+             "max_episodes": 5, "a_field_from_the_future": {"x": 1}}
+    client.set(keys.replica("new"), json.dumps(newer), px=30_000)
+    client.set(keys.replica("bad"), "not json", px=30_000)
+    client.set(keys.replica("list"), "[1, 2]", px=30_000)
+    client.set(keys.replica("partial"), json.dumps({"address": "127.0.0.1:4"}), px=30_000)
+    (info,) = ReplicaRegistry(client).live()
+    assert (info.replica_id, info.max_groups, info.max_episodes) == ("new", 2, 5)
