@@ -16,6 +16,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # On 2 shared cores one intra-op thread per process is far faster than several
 # contending ones; child processes (services) inherit this.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Services refuse to start without the fleet's token unless auth is turned off explicitly;
+# the suite's fleets run without it (loopback only) unless a test gives a token, which
+# always turns auth on (tests/reliability/test_security.py).
+os.environ.setdefault("RLFLEET_AUTH", "none")
 
 
 @pytest.fixture

@@ -62,3 +62,50 @@ def read_secret(name: str, env: dict[str, str] | None = None) -> str | None:
         except OSError as exc:
             raise ConfigError(f"cannot read secret file for {name}: {exc.strerror}") from exc
     return None
+
+
+# -- the fleet's shared token ------------------------------------------------------------
+
+TOKEN_NAME = "RLFLEET_AUTH_TOKEN"
+AUTH_MODES = ("token", "none")
+
+
+def fleet_token(auth: str | None = None, env: dict[str, str] | None = None) -> str | None:
+    """The fleet's shared gRPC token, or None where auth is explicitly off.
+
+    From RLFLEET_AUTH_TOKEN, else the file named by RLFLEET_AUTH_TOKEN_FILE. An empty token
+    (the variable set to "" or whitespace, a file holding only a newline) is refused: it
+    used to turn auth off silently. Without any token the service refuses to start unless
+    auth is turned off explicitly: `auth` "none" (the `--insecure-no-auth` flag, `auth:
+    none` in a config file, or RLFLEET_AUTH=none; `auth` None reads RLFLEET_AUTH). A
+    token that is given always turns auth on, whatever `auth` says.
+    """
+    env = dict(os.environ if env is None else env)
+    mode = (auth if auth is not None else env.get("RLFLEET_AUTH", "token")).strip().lower()
+    if mode not in AUTH_MODES:
+        raise ConfigError(f"auth must be one of {', '.join(AUTH_MODES)}, got {mode!r}")
+    file = env.get(f"{TOKEN_NAME}_FILE")
+    if TOKEN_NAME in env and (env[TOKEN_NAME] or not file):
+        token = env[TOKEN_NAME].strip()
+        if not token:
+            raise ConfigError(
+                f"{TOKEN_NAME} is set but empty; give the fleet's token, or turn auth off "
+                "explicitly with --insecure-no-auth (RLFLEET_AUTH=none) and unset it")
+        return token
+    if file:
+        try:
+            token = Path(file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {TOKEN_NAME}_FILE: {exc.strerror}") from exc
+        if not token:
+            raise ConfigError(
+                f"the token file named by {TOKEN_NAME}_FILE ({file}) is empty; write the "
+                "fleet's token into it, or turn auth off explicitly with --insecure-no-auth "
+                "(RLFLEET_AUTH=none)")
+        return token
+    if mode == "none":
+        return None
+    raise ConfigError(
+        f"no auth token: set {TOKEN_NAME} (or {TOKEN_NAME}_FILE) to the fleet's shared "
+        "token, or turn auth off explicitly with --insecure-no-auth (RLFLEET_AUTH=none, "
+        "`auth: none` in a config file)")

@@ -11,11 +11,11 @@ import argparse
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlfleet.config import ConfigError, load_config, read_secret
+from rlfleet.config import ConfigError, fleet_token, load_config
 from rlfleet.logs import setup_logging
 from rlfleet.rpc.server import GrpcServer, ServerConfig, TlsConfig
 
@@ -34,9 +34,22 @@ class ServiceSettings(BaseModel):
     log_level: str = "INFO"
     grace_s: float = Field(10.0, ge=0, le=600)
     max_concurrent_rpcs: int = Field(1024, ge=1)
+    # "token": the shared token (RLFLEET_AUTH_TOKEN[_FILE]) is required, and a service
+    # without one refuses to start; "none" turns auth off, explicitly (--insecure-no-auth)
+    auth: Literal["token", "none"] = "token"
+    # how long a call may wait for its request message after its headers (a client that
+    # sends headers and never a body is cut off with DEADLINE_EXCEEDED after this)
+    request_timeout_s: float = Field(20.0, gt=0, le=3600)
     tls_cert: Path | None = None
     tls_key: Path | None = None
-    tls_client_ca: Path | None = None
+    tls_client_ca: Path | None = None  # set: clients must present a certificate it signed
+    # the CA that signed the servers this service calls (default tls_client_ca: one fleet
+    # CA); the service's outgoing clients present tls_cert / tls_key as their certificate
+    tls_ca: Path | None = None
+
+    def auth_token(self) -> str | None:
+        """The shared token, None where auth is explicitly off; ConfigError otherwise."""
+        return fleet_token(self.auth)
 
     def server_config(self) -> ServerConfig:
         tls = None
@@ -47,10 +60,22 @@ class ServiceSettings(BaseModel):
             host=self.host,
             metrics_port=self.metrics_port,
             max_concurrent_rpcs=self.max_concurrent_rpcs,
-            auth_token=read_secret("RLFLEET_AUTH_TOKEN"),
+            auth_token=self.auth_token(),
             tls=tls,
             grace_s=self.grace_s,
+            request_timeout_s=self.request_timeout_s,
         )
+
+    def client_tls(self) -> dict[str, Path] | None:
+        """TLS options for this service's outgoing clients (RpcClient(tls=...)): the same
+        files as its server. None when the service runs without TLS."""
+        ca = self.tls_ca or self.tls_client_ca
+        if ca is None:
+            return None
+        tls: dict[str, Path] = {"ca_file": ca}
+        if self.tls_cert and self.tls_key:
+            tls.update(cert_file=self.tls_cert, key_file=self.tls_key)
+        return tls
 
 
 def add_common_args(parser: argparse.ArgumentParser, port: int, metrics_port: int) -> None:
@@ -61,6 +86,9 @@ def add_common_args(parser: argparse.ArgumentParser, port: int, metrics_port: in
         "--metrics-port", type=int, default=None, help=f"Prometheus port (default {metrics_port})"
     )
     parser.add_argument("--log-level", default=None)
+    parser.add_argument("--insecure-no-auth", dest="auth", action="store_const", const="none",
+                        default=None,
+                        help="serve without the shared token (auth is required otherwise)")
 
 
 def load_settings(model: type[S], args: argparse.Namespace, **extra: object) -> S:
@@ -78,9 +106,12 @@ def settings_or_exit(model: type[S], args: argparse.Namespace, service: str) -> 
     """Loads settings and sets up logging; a bad configuration exits with its message."""
     try:
         settings = load_settings(model, args)
+        token = settings.auth_token()  # an empty or missing token refuses to start here
     except ConfigError as exc:
         raise SystemExit(f"rlfleet {service}: {exc}") from None
     setup_logging(service, settings.log_level)
+    if token is None:
+        log.warning("auth is off (--insecure-no-auth): any client may call this service")
     return settings
 
 

@@ -76,10 +76,12 @@ def test_make_deploy_scale_swap_undeploy(cluster: Cluster) -> None:
     for name in (
         "deployment.apps/rlfleet-rollout",
         "deployment.apps/rlfleet-reward-task",
+        "deployment.apps/rlfleet-env-maze",
         "deployment.apps/rlfleet-ckptsync",
         "statefulset.apps/rlfleet-redis",
         "rayjob.ray.io/rlfleet-learner",
         "service/rlfleet-reward",
+        "service/rlfleet-env",
         "servicemonitor.monitoring.coreos.com/rlfleet-rollout",
         "podmonitor.monitoring.coreos.com/rlfleet-learner",
         "persistentvolumeclaim/rlfleet-shared",
@@ -99,6 +101,11 @@ def test_make_deploy_scale_swap_undeploy(cluster: Cluster) -> None:
     assert len(base64.b64decode(secrets["rlfleet-auth"]["token"])) >= 32
     job = cluster.kubectl_json("get", "rayjob", "rlfleet-learner")
     rollout_tpl = cluster.kubectl_json("get", "deployment", "rlfleet-rollout")["spec"]["template"]
+    args = rollout_tpl["spec"]["containers"][0]["args"]
+    assert args[args.index("--env-address") + 1] == "rlfleet-env:50051"
+    assert args[args.index("--reward-address") + 1] == "rlfleet-reward:50051"
+    env_dep = cluster.kubectl_json("get", "deployment", "rlfleet-env-maze")
+    env_svc = cluster.kubectl_json("get", "service", "rlfleet-env")
 
     # --- rlfleet scale rollout (kubernetes client, the context's namespace)
     out = rlfleet(cluster, "scale", "rollout", "--replicas", "3")
@@ -135,9 +142,26 @@ def test_make_deploy_scale_swap_undeploy(cluster: Cluster) -> None:
         == "format-task"
     )
 
+    # --- swap in a reward service written outside rlfleet, in an image of its own
+    make(cluster, "deploy", HELM_ARGS="--set reward.selected=path-efficiency "
+                                      "--set rollout.replicas=6")
+    svc = cluster.kubectl_json("get", "service", "rlfleet-reward")
+    assert svc["spec"]["selector"]["rlfleet.io/reward"] == "path-efficiency"
+    pe = cluster.kubectl_json("get", "deployment", "rlfleet-reward-path-efficiency")
+    c = pe["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"] == "path-efficiency-reward:1.0.0"
+    assert c["command"][0] == "path-efficiency-reward"
+    # The env is never touched by reward swaps: same Deployment, same Service.
+    env_after = cluster.kubectl_json("get", "deployment", "rlfleet-env-maze")
+    assert env_after["metadata"]["generation"] == env_dep["metadata"]["generation"]
+    assert env_after["spec"] == env_dep["spec"]
+    assert cluster.kubectl_json("get", "service", "rlfleet-env")["spec"]["selector"] == \
+        env_svc["spec"]["selector"]
+    assert cluster.kubectl_json("get", "rayjob", "rlfleet-learner")["spec"] == job["spec"]
+
     history = _run([cluster.helm, "history", "rlfleet", "-n", ns, "-o", "json"], env=cluster.env)
     assert history.stdout.count('"status":"deployed"') == 1
-    assert history.stdout.count('"revision":') == 3  # install, swap, scale
+    assert history.stdout.count('"revision":') == 4  # install, swap, scale, swap
 
     # --- uninstall: everything goes but the /shared claim (helm.sh/resource-policy: keep)
     make(cluster, "undeploy")

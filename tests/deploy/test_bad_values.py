@@ -33,6 +33,21 @@ def duplicate_reward(v: dict) -> dict:
     return v
 
 
+def duplicate_env(v: dict) -> dict:
+    v["env"]["services"].append(dict(v["env"]["services"][0]))
+    return v
+
+
+def empty_command(v: dict) -> dict:
+    v["reward"]["services"][2]["command"] = []
+    return v
+
+
+def env_without_args(v: dict) -> dict:
+    del v["env"]["services"][0]["args"]
+    return v
+
+
 CASES = {
     # name: (values change, --set args, text the error must contain)
     "negative rollout replicas": (None, ["rollout.replicas=-1"], "/rollout/replicas"),
@@ -59,6 +74,14 @@ CASES = {
         "unknown reward service 'format+task+bonus'",
     ),
     "duplicate reward name": (duplicate_reward, [], "the name 'task' is listed twice"),
+    "unknown env service": (
+        None,
+        ["env.selected=gsm8k"],
+        "unknown env service 'gsm8k'; env.services lists: maze",
+    ),
+    "duplicate env name": (duplicate_env, [], "env.services: the name 'maze' is listed twice"),
+    "empty reward command": (empty_command, [], "/reward/services/2/command"),
+    "env entry without args": (env_without_args, [], "missing propert"),
     "typo in a key": (None, ["rollout.replica=3"], "'replica' not allowed"),
     "bad engine": (None, ["rollout.engine=tensorrt"], "/rollout/engine"),
     "workers outside min..max": (

@@ -97,8 +97,10 @@ def test_hyperpod_renders_the_whole_fleet(render) -> None:
         "ServiceAccount",
     } <= kinds
     deployments = {o["metadata"]["name"] for o in r.of_kind("Deployment")}
-    assert deployments == {"rlfleet-reward-task", "rlfleet-rollout", "rlfleet-ckptsync"}
+    assert deployments == {"rlfleet-env-maze", "rlfleet-reward-task", "rlfleet-rollout",
+                           "rlfleet-ckptsync"}
     assert {o["metadata"]["name"] for o in r.of_kind("ServiceMonitor")} == {
+        "rlfleet-env",
         "rlfleet-reward",
         "rlfleet-rollout",
         "rlfleet-ckptsync",
@@ -234,7 +236,8 @@ def test_rollout_is_ready_only_when_its_adapter_is_loaded(render) -> None:
     args = c["args"]
     assert args[args.index("--port") + 1] == "50052"
     assert args[args.index("--metrics-port") + 1] == "9102"
-    assert args[args.index("--env-address") + 1] == "rlfleet-reward:50051"
+    assert args[args.index("--env-address") + 1] == "rlfleet-env:50051"
+    assert args[args.index("--reward-address") + 1] == "rlfleet-reward:50051"
     assert args[args.index("--engine") + 1] == "vllm"
 
 
@@ -289,20 +292,89 @@ def test_reward_swap_changes_only_the_stable_service(render) -> None:
     dep = b.get("Deployment", "rlfleet-reward-format-task")
     c = container(dep["spec"]["template"])
     assert c["args"] == ["--reward", "format+task"]
-    assert c["command"][:3] == ["rlfleet", "env", "serve"]
-    # The learner and the rollout replicas are untouched by the swap (secrets aside,
-    # which are random per `helm template` and kept live by lookup on upgrade).
+    assert c["command"][:5] == ["rlfleet", "env", "serve", "--role", "reward"]
+    # The learner, the rollout replicas and the env are untouched by the swap (secrets
+    # aside, which are random per `helm template` and kept live by lookup on upgrade).
     for kind, name in [
         ("RayJob", "rlfleet-learner"),
         ("Deployment", "rlfleet-rollout"),
         ("ConfigMap", "rlfleet-learner"),
         ("Deployment", "rlfleet-ckptsync"),
+        ("Deployment", "rlfleet-env-maze"),
+        ("Service", "rlfleet-env"),
     ]:
         assert a.get(kind, name) == b.get(kind, name), f"{kind}/{name} changed on a reward swap"
     for _, tpl in pod_specs(a):
         env = env_of(container(tpl))
         if "RLFLEET_ENV_ADDRESS" in env:
-            assert env["RLFLEET_ENV_ADDRESS"]["value"] == "rlfleet-reward:50051"
+            assert env["RLFLEET_ENV_ADDRESS"]["value"] == "rlfleet-env:50051"
+            assert env["RLFLEET_REWARD_ADDRESS"]["value"] == "rlfleet-reward:50051"
+
+
+def test_env_and_reward_services_are_listed_apart(render) -> None:
+    r = render(HYPERPOD)
+    env_dep = r.get("Deployment", "rlfleet-env-maze")
+    c = container(env_dep["spec"]["template"])
+    assert c["command"] == ["rlfleet", "env", "serve", "--role", "env", "--port", "50051",
+                            "--metrics-port", "9101"]
+    assert env_of(c)["RLFLEET_ENV_SERVICE"]["value"] == "maze"
+    assert env_dep["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] \
+        == "env"
+    assert r.get("Service", "rlfleet-env")["spec"]["selector"]["rlfleet.io/env"] == "maze"
+    reward_dep = r.get("Deployment", "rlfleet-reward-task")
+    assert reward_dep["spec"]["template"]["metadata"]["labels"][
+        "app.kubernetes.io/component"] == "reward"
+    assert "rlfleet.io/env" not in r.get("Service", "rlfleet-reward")["spec"]["selector"]
+
+
+def test_env_swap_changes_only_the_stable_env_service(render, tmp_path: Path) -> None:
+    values = tmp_path / "env.yaml"
+    values.write_text(
+        "env:\n  selected: maze\n  services:\n"
+        "    - {name: maze, enabled: true, image: {repository: rlfleet-env}, args: []}\n"
+        "    - name: gsm8k\n      image: {repository: rlfleet-env}\n"
+        "      args: [--skyrl-env, gsm8k_multi_turn=/shared/data/gsm8k.jsonl]\n")
+    a = render(HYPERPOD, extra=["-f", str(values)])
+    b = render(HYPERPOD, "env.selected=gsm8k", extra=["-f", str(values)])
+    assert b.get("Service", "rlfleet-env")["spec"]["selector"]["rlfleet.io/env"] == "gsm8k"
+    c = container(b.get("Deployment", "rlfleet-env-gsm8k")["spec"]["template"])
+    assert c["args"] == ["--skyrl-env", "gsm8k_multi_turn=/shared/data/gsm8k.jsonl"]
+    assert "rlfleet-env-gsm8k" not in {d["metadata"]["name"] for d in a.of_kind("Deployment")}
+    for kind, name in [
+        ("Deployment", "rlfleet-reward-task"),
+        ("Service", "rlfleet-reward"),
+        ("Deployment", "rlfleet-rollout"),
+        ("RayJob", "rlfleet-learner"),
+    ]:
+        assert a.get(kind, name) == b.get(kind, name), f"{kind}/{name} changed on an env swap"
+
+
+@pytest.mark.parametrize("profile", ["hyperpod", "local", "defaults"])
+def test_a_reward_service_in_an_image_of_its_own(render, validator: Validator,
+                                                 profile: str) -> None:
+    """examples/path-efficiency-reward, selected: its own image and command, rlfleet's
+    probes, ports and environment; only the stable reward Service moves to it."""
+    a = render(PROFILES[profile])
+    b = render(PROFILES[profile], "reward.selected=path-efficiency")
+    assert not validator.validate_all(b.objects)
+    dep = b.get("Deployment", "rlfleet-reward-path-efficiency")
+    c = container(dep["spec"]["template"])
+    assert c["image"] == "path-efficiency-reward:1.0.0"
+    assert c["command"] == ["path-efficiency-reward", "--port", "50051", "--metrics-port",
+                            "9101"]
+    assert c["args"] == []
+    assert c["readinessProbe"]["exec"]["command"] == ["rlfleet", "health", "127.0.0.1:50051"]
+    assert {p["containerPort"] for p in c["ports"]} == {50051, 9101}
+    assert {"RLFLEET_AUTH_TOKEN", "RLFLEET_HOST"} <= set(env_of(c))
+    assert b.get("Service", "rlfleet-reward")["spec"]["selector"]["rlfleet.io/reward"] == \
+        "path-efficiency"
+    assert b.get("Service", "rlfleet-reward")["metadata"]["annotations"][
+        "rlfleet.io/selected-reward"] == "path-efficiency"
+    for kind, name in [("Deployment", "rlfleet-env-maze"), ("Deployment", "rlfleet-rollout"),
+                       ("RayJob", "rlfleet-learner")]:
+        assert a.get(kind, name) == b.get(kind, name), f"{kind}/{name} changed"
+    # The previous reward service keeps running (enabled): a swap back is instant.
+    assert "rlfleet-reward-task" in {d["metadata"]["name"] for d in b.of_kind("Deployment")}
 
 
 def test_network_policies_cover_every_component(render) -> None:
@@ -326,11 +398,13 @@ def test_network_policies_cover_every_component(render) -> None:
                     comps.add(comp)
         return comps
 
+    assert allowed("rlfleet-env", 50051) == {"rollout", "learner"}
     assert allowed("rlfleet-reward", 50051) == {"rollout", "learner"}
     assert allowed("rlfleet-rollout", 50052) == {"learner", "ckptsync"}
     assert allowed("rlfleet-ckptsync", 50053) == {"learner", "rollout"}
     assert allowed("rlfleet-redis", 6379) == {"rollout", "ckptsync", "learner"}
     assert "reward" not in allowed("rlfleet-redis", 6379)
+    assert "env" not in allowed("rlfleet-redis", 6379)
 
 
 def test_dashboard_configmap_has_every_panel(render) -> None:
@@ -365,6 +439,8 @@ def test_monitors_scrape_the_metrics_ports(render) -> None:
         for s in r.of_kind("Service")
     }
     assert ports["rlfleet-reward-task"]["metrics"] == 9101
+    assert ports["rlfleet-env-maze"]["metrics"] == 9101
+    assert "metrics" not in ports["rlfleet-env"] and "metrics" not in ports["rlfleet-reward"]
     assert ports["rlfleet-rollout"]["metrics"] == 9102
     assert ports["rlfleet-ckptsync"]["metrics"] == 9103
     pm = r.get("PodMonitor", "rlfleet-learner")

@@ -1,8 +1,10 @@
-"""The env/reward service as a real process: scale, expiry, capacity, shutdown, CLI."""
+"""The env/reward service as a real process: scale, expiry, capacity, shutdown, CLI,
+roles, and tasks and reward functions from plugin packages (tests/plugins)."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import signal
 import subprocess
@@ -10,6 +12,7 @@ import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import pytest
@@ -19,6 +22,14 @@ from rlfleet.rpc import RpcClient
 from rlfleet.v1 import common_pb2, env_pb2, env_pb2_grpc, reward_pb2, reward_pb2_grpc
 
 Env = env_pb2_grpc.EnvServiceStub
+Reward = reward_pb2_grpc.RewardServiceStub
+PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
+
+
+def plugin_env(*dirs: str) -> dict[str, str]:
+    """The environment that "installs" the test plugin packages for a child process."""
+    paths = [str(PLUGINS / d) for d in dirs] + [os.environ.get("PYTHONPATH", "")]
+    return {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}
 
 
 def specs(n: int, seed0: int = 1000) -> list[common_pb2.TaskSpec]:
@@ -155,4 +166,82 @@ def test_unknown_reward_is_a_clear_error() -> None:
         capture_output=True, text=True, timeout=60,
     )
     assert out.returncode != 0
-    assert "invalid choice: 'nope'" in out.stderr
+    assert "unknown reward 'nope'; known: ['format+task', 'task']" in out.stderr
+
+
+def _services(address: str) -> set[str]:
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        (reply,) = list(stub.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10))
+    return {s.name for s in reply.list_services_response.service}
+
+
+def test_roles_serve_one_contract_each(start_env) -> None:
+    env = start_env("--role", "env", name="env-only")
+    reward = start_env("--role", "reward", "--reward", "format+task", name="reward-only")
+    assert "rlfleet.v1.EnvService" in _services(env.address)
+    assert "rlfleet.v1.RewardService" not in _services(env.address)
+    assert _services(reward.address) >= {"rlfleet.v1.RewardService"}
+    assert "rlfleet.v1.EnvService" not in _services(reward.address)
+    # An episode played on the env alone is scored by the reward service alone.
+    opened = RpcClient(env.address).call(Env, "Open", env_pb2.OpenRequest(tasks=specs(1)))
+    ep = opened.episodes[0]
+    texts = ["('move', 0)", "hello"]
+    for text in texts:
+        RpcClient(env.address).call(Env, "Step", env_pb2.StepRequest(
+            actions=[env_pb2.Action(episode_id=ep.episode_id, text=text)]))
+    scored = RpcClient(reward.address).call(Reward, "Score", reward_pb2.ScoreRequest(
+        episodes=[reward_pb2.EpisodeRecord(task=specs(1)[0], actions=texts)]))
+    assert scored.info.name == "format+task" and list(scored.info.tasks) == [
+        "maze_2d", "maze_2d_hard"]
+    assert scored.scores[0].components["format"] == pytest.approx(0.5)
+    assert "reward service (format+task 1.0.0) listening" in reward.log_path.read_text()
+    assert "env service listening" in env.log_path.read_text()
+
+
+def test_a_plugin_task_and_reward_are_served_without_editing_rlfleet(start_env) -> None:
+    proc = start_env("--reward", "turn-count", name="env-plugins", env=plugin_env("site"))
+    client = RpcClient(proc.address)
+    tasks = client.call(Env, "ListTasks", env_pb2.ListTasksRequest()).tasks
+    assert [t.name for t in tasks] == ["countdown", "maze_2d", "maze_2d_hard"]
+    assert tasks[0].description == "count down to zero (a test plugin)"
+    spec = common_pb2.TaskSpec(task="countdown", seed=0)  # counts down from 3
+    ep = client.call(Env, "Open", env_pb2.OpenRequest(tasks=[spec], include_image=True)
+                     ).episodes[0]
+    assert ep.observation.text.startswith("Count down from 3")
+    assert not ep.observation.image.png  # a text task: no picture
+    actions = ["2", "one", "1", "0"]
+    for text in actions:
+        result = client.call(Env, "Step", env_pb2.StepRequest(
+            actions=[env_pb2.Action(episode_id=ep.episode_id, text=text)])).results[0]
+    assert result.observation.done and result.state.solved and result.reward == 1.0
+    assert result.state.invalid_turns == 1 and result.state.format_ok_turns == 3
+    scored = client.call(Reward, "Score", reward_pb2.ScoreRequest(
+        episodes=[reward_pb2.EpisodeRecord(task=spec, actions=actions)]))
+    assert (scored.info.name, scored.info.version) == ("turn-count", "0.1.0")
+    assert scored.scores[0].reward == pytest.approx(1.0 - 0.04) and scored.scores[0].solved
+
+
+def test_only_the_tasks_asked_for_are_served(start_env) -> None:
+    proc = start_env("--role", "env", "--tasks", "countdown", name="env-countdown",
+                     env=plugin_env("site"))
+    client = RpcClient(proc.address)
+    assert [t.name for t in client.call(Env, "ListTasks", env_pb2.ListTasksRequest()).tasks] \
+        == ["countdown"]
+    with pytest.raises(grpc.RpcError) as err:
+        client.call(Env, "Open", env_pb2.OpenRequest(tasks=specs(1)))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_duplicate_plugin_names_refuse_to_start() -> None:
+    env = {**os.environ, **plugin_env("site", "duplicates")}
+    out = subprocess.run(
+        [sys.executable, "-m", "rlfleet.cli", "env", "serve", "--port", str(free_port())],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert out.returncode != 0
+    assert "is defined twice" in out.stderr and "rlfleet-test-duplicates" in out.stderr
+    assert "nothing is overwritten" in out.stderr

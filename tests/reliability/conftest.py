@@ -130,6 +130,9 @@ class Fleet:
     sync: Proc | None = None
     sync_port: int = 0
     replicas: dict[str, Proc] = field(default_factory=dict)
+    # what the test's own clients (sync_client, status) use: the fleet's token and TLS
+    token: str | None = None
+    tls: dict | None = None
 
     # -- processes -------------------------------------------------------------------
 
@@ -140,12 +143,15 @@ class Fleet:
         return self.redis
 
     def start_env(self, name: str = "env", port: int | None = None, *extra: str,
-                  env: dict[str, str] | None = None) -> Proc:
+                  env: dict[str, str] | None = None, tls: dict | None = None) -> Proc:
+        """`tls`: the client TLS options the readiness check needs (a TLS service)."""
         port = port or free_port()
         metrics = free_port()
+        address = f"127.0.0.1:{port}"
         proc = self.procs.start_service(
             name, rlfleet_argv("env", "serve", "--port", str(port), "--metrics-port",
-                               str(metrics), *extra), f"127.0.0.1:{port}", env=env)
+                               str(metrics), *extra), address, env=env,
+            ready=(lambda: check(address, tls=tls) == "SERVING") if tls else None)
         proc.extra["port"], proc.extra["metrics_port"] = port, metrics
         self.envs[name] = proc
         return proc
@@ -155,23 +161,27 @@ class Fleet:
         return next(iter(self.envs.values()))
 
     def start_sync(self, name: str = "ckptsync", *extra: str,
-                   env: dict[str, str] | None = None) -> Proc:
+                   env: dict[str, str] | None = None, tls: dict | None = None) -> Proc:
         self.sync_port = self.sync_port or free_port()
         metrics = free_port()
+        address = f"127.0.0.1:{self.sync_port}"
         self.sync = self.procs.start_service(
             name, rlfleet_argv("ckptsync", "serve", "--port", str(self.sync_port),
                                "--metrics-port", str(metrics), "--redis-url", self.redis_url,
                                "--runs-root", str(self.root.root), *extra),
-            f"127.0.0.1:{self.sync_port}", env=env)
+            address, env=env,
+            ready=(lambda: check(address, tls=tls) == "SERVING") if tls else None)
         self.sync.extra["metrics_port"] = metrics
         return self.sync
 
     def start_replicas(self, names: Iterable[str], *extra: str, env_address: str = "",
                        env: dict[str, str] | None = None, registry: bool = True,
                        env_addresses: dict[str, str] | None = None,
-                       timeout_s: float = 240.0) -> list[Proc]:
+                       timeout_s: float = 240.0, tls: dict | None = None,
+                       wait: bool = True) -> list[Proc]:
         """Starts several replicas at once (they load the model in parallel) and waits
-        until every one is SERVING. `env_addresses` gives some replicas their own env."""
+        until every one is SERVING (`wait`). `env_addresses` gives some replicas their own
+        env; `tls`: the client TLS options the readiness check needs."""
         started = []
         for name in names:
             port, metrics = free_port(), free_port()
@@ -187,9 +197,13 @@ class Fleet:
             proc = self.procs.start(name, argv, env=env, address=f"127.0.0.1:{port}")
             proc.extra["metrics_port"] = metrics
             started.append(proc)
+        if not wait:
+            for proc in started:
+                self.replicas[proc.name] = proc
+            return started
         deadline = time.monotonic() + timeout_s
         for proc in started:
-            while check(proc.address or "", timeout_s=1.0) != "SERVING":
+            while check(proc.address or "", timeout_s=1.0, tls=tls) != "SERVING":
                 if not proc.alive or time.monotonic() > deadline:
                     raise RuntimeError(f"{proc.name} did not start:\n{proc.log_tail()}")
                 time.sleep(0.2)
@@ -208,7 +222,8 @@ class Fleet:
 
     def sync_client(self, **kwargs: object) -> RpcClient:
         assert self.sync is not None
-        return RpcClient(self.sync.address, timeout_s=30, **kwargs)
+        return RpcClient(self.sync.address, **{"timeout_s": 30, "token": self.token,
+                                               "tls": self.tls, **kwargs})
 
     def write_version(self, version: int, seed: int | None = None) -> AdapterManifest:
         """Writes a real adapter version to /shared (what the learner does)."""
@@ -229,9 +244,8 @@ class Fleet:
             timeout_s=timeout_s + 10)
         return list(reply.replica_ids)
 
-    @staticmethod
-    def status(proc: Proc) -> rollout_pb2.ReplicaStatus:
-        return RpcClient(proc.address or "", timeout_s=5).call(
+    def status(self, proc: Proc) -> rollout_pb2.ReplicaStatus:
+        return RpcClient(proc.address or "", timeout_s=5, token=self.token, tls=self.tls).call(
             Rollout, "GetStatus", rollout_pb2.StatusRequest())
 
 

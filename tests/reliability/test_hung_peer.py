@@ -3,8 +3,11 @@
 - A hung env service: the replica's env calls hit their deadline (env_timeout_s), the group
   fails with UNAVAILABLE in bounded time, the pool retries it on a replica whose env is
   healthy, and the stuck replica still answers GetStatus. After SIGCONT it works again.
-- A hung rollout replica mid-stream: the pool's stream deadline fires and the group is
-  re-sent to the other replica; every index arrives exactly once.
+- A hung rollout replica mid-stream (static addresses: no heartbeat to expire): the pool's
+  per-message idle timeout fires (no trajectory for `idle_timeout_s`; the stream deadline
+  stays at its 1800 s default) and the group is re-sent to the other replica; every index
+  arrives exactly once. With a registry, the heartbeat's expiry moves the groups sooner
+  (test_hung_replica.py).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from tests.reliability.conftest import (
 )
 
 ENV_TIMEOUT_S = 2.0
+IDLE_TIMEOUT_S = 8.0  # longer than a trajectory of these groups takes (a few seconds)
 
 
 @contextlib.contextmanager
@@ -78,7 +82,7 @@ def test_hung_env_and_hung_replica_deadlines_fire_and_work_moves(fleet: Fleet) -
 
     # -- a hung rollout replica mid-stream -----------------------------------------------
     pool = RolloutPool(addresses=[ra.address, rb.address], run=fleet.run,
-                       stream_timeout_s=8)
+                       idle_timeout_s=IDLE_TIMEOUT_S)
     requests = [group(seed=1_000_720 + i, g=2, turns=4) for i in range(4)]
     results = []
     runner = threading.Thread(target=lambda: results.extend(
@@ -92,8 +96,10 @@ def test_hung_env_and_hung_replica_deadlines_fire_and_work_moves(fleet: Fleet) -
         assert not runner.is_alive()
     assert assert_exactly_once(requests, results) == 8
     assert metric_total("rlfleet_pool_group_retries") > before
+    assert pool.cancelled.get("idle", 0) >= 1  # the idle timeout, not the stream deadline
     assert ra.alive and rb.alive and env_a.alive
     print(f"hung env: direct group UNAVAILABLE after {direct_s:.1f}s, {env_retries:.0f} "
           f"pool retries; hung replica: "
-          f"{metric_total('rlfleet_pool_group_retries') - before:.0f} retries")
+          f"{metric_total('rlfleet_pool_group_retries') - before:.0f} retries, "
+          f"streams cancelled {pool.cancelled}")
     pool.close()

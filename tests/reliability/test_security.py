@@ -199,11 +199,11 @@ def _tls_files(tmp: Path) -> dict[str, Path]:
         return key, cert
 
     def leaf(stem: str, ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate,
-             usage: x509.ObjectIdentifier) -> None:
+             *usage: x509.ObjectIdentifier) -> None:
         key = ec.generate_private_key(ec.SECP256R1())
         cert = (builder(stem, ca_cert.subject, key)
                 .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+                .add_extension(x509.ExtendedKeyUsage(list(usage)), critical=False)
                 .add_extension(x509.SubjectAlternativeName([
                     x509.DNSName("localhost"),
                     x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
@@ -213,9 +213,12 @@ def _tls_files(tmp: Path) -> dict[str, Path]:
     ca_key, ca_cert = ca("ca")
     leaf("server", ca_key, ca_cert, ExtendedKeyUsageOID.SERVER_AUTH)
     leaf("client", ca_key, ca_cert, ExtendedKeyUsageOID.CLIENT_AUTH)
+    # a fleet service's certificate: its server's, and its outgoing clients' (mTLS)
+    leaf("fleet", ca_key, ca_cert, ExtendedKeyUsageOID.SERVER_AUTH,
+         ExtendedKeyUsageOID.CLIENT_AUTH)
     rogue_key, rogue_cert = ca("rogue-ca")
     leaf("rogue", rogue_key, rogue_cert, ExtendedKeyUsageOID.CLIENT_AUTH)
-    return {stem: tmp / stem for stem in ("ca", "server", "client", "rogue")}
+    return {stem: tmp / stem for stem in ("ca", "server", "client", "fleet", "rogue")}
 
 
 def test_mutual_tls(procs: ProcessGroup, tmp_path: Path) -> None:

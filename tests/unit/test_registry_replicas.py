@@ -4,6 +4,7 @@ fields they do not know (replicas and learners of different versions share a reg
 from __future__ import annotations
 
 import json
+import time
 
 from rlfleet.registry import ReplicaInfo, ReplicaRegistry, connect, keys
 
@@ -28,3 +29,26 @@ def test_unknown_fields_are_ignored_and_corrupt_values_skipped(redis_url: str) -
     client.set(keys.replica("partial"), json.dumps({"address": "127.0.0.1:4"}), px=30_000)
     (info,) = ReplicaRegistry(client).live()
     assert (info.replica_id, info.max_groups, info.max_episodes) == ("new", 2, 5)
+
+
+def test_signed_heartbeats_only_verified_ones_are_live(redis_url: str) -> None:
+    from rlfleet.registry import registry_key
+    from rlfleet.registry.identity import sign_document
+
+    client = connect(redis_url)
+    key = registry_key("fleet-token")
+    ReplicaRegistry(client, key).heartbeat(ReplicaInfo("r1", "127.0.0.1:1", run="x"), 30)
+    real = json.loads(client.get(keys.replica("r1")))
+    assert real["mac"] and real["ttl_s"] == 30.0
+    forged = {
+        "moved": {**real, "address": "127.0.0.1:666"},
+        "renamed": {**real, "replica_id": "evil"},
+        "unsigned": {**real, "mac": ""},
+        "stale": sign_document(key, {**real, "replica_id": "old"}, 30, now=time.time() - 60),
+        "future": sign_document(key, {**real, "replica_id": "new"}, 30, now=time.time() + 60),
+        "other-token": sign_document(registry_key("guess"), {**real, "replica_id": "g"}, 30),
+    }
+    for name, doc in forged.items():
+        client.set(keys.replica(name), json.dumps(doc), px=30_000)
+    assert [r.replica_id for r in ReplicaRegistry(client, key).live()] == ["r1"]
+    assert len(ReplicaRegistry(client).live()) == 1 + len(forged)  # without a key: all

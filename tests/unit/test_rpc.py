@@ -198,3 +198,64 @@ def test_graceful_stop_finishes_calls_in_flight() -> None:
     stopper.join(10)
     assert result["reply"].episodes[0].episode_id == "ok"
     assert check(srv.address, timeout_s=1) != "SERVING"
+
+
+def _header_only(address: str, method: str, metadata: tuple = ()):  # noqa: ANN202
+    """A call that sends its headers and never a body (no client deadline)."""
+    release = threading.Event()
+
+    def never():  # noqa: ANN202
+        release.wait()
+        return
+        yield b""
+
+    channel = grpc.insecure_channel(address)
+    call = channel.stream_unary(method, request_serializer=lambda b: b,
+                                response_deserializer=lambda b: b).future(
+        never(), metadata=metadata or None)
+    return call, release, channel
+
+
+def test_a_request_that_never_arrives_is_cut_off_by_the_server() -> None:
+    srv, _ = make_server(request_timeout_s=0.5, auth_token="s3cret-token")
+    try:
+        method = f"/{SERVICE}/Open"
+        unauth = _header_only(srv.address, method)
+        held = _header_only(srv.address, method, (("authorization", "Bearer s3cret-token"),))
+        probe = _header_only(srv.address, "/grpc.health.v1.Health/Check")
+        # refused at the headers: the body is never waited for
+        with pytest.raises(grpc.RpcError) as err:
+            unauth[0].result(timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        for call, _, _ in (held, probe):  # authenticated or not: cut off by the server
+            with pytest.raises(grpc.RpcError) as err:
+                call.result(timeout=10)
+            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert "did not arrive" in err.value.details()
+        for _, release, channel in (unauth, held, probe):
+            release.set()
+            channel.close()
+        assert check(srv.address) == "SERVING"
+        assert RpcClient(srv.address, token="s3cret-token").call(
+            env_pb2_grpc.EnvServiceStub, "Open", open_request()).episodes
+    finally:
+        srv.stop(0)
+
+
+def test_an_empty_token_never_turns_auth_off(tmp_path) -> None:  # noqa: ANN001
+    from rlfleet.config import ConfigError, fleet_token
+
+    with pytest.raises(ValueError):
+        GrpcServer("test", ServerConfig(auth_token=""), [])
+    newline = tmp_path / "token"
+    newline.write_text("\n")
+    for env in ({"RLFLEET_AUTH_TOKEN": ""}, {"RLFLEET_AUTH_TOKEN": " \n"},
+                {"RLFLEET_AUTH_TOKEN_FILE": str(newline)},
+                {"RLFLEET_AUTH_TOKEN": "", "RLFLEET_AUTH": "none"}, {}):
+        with pytest.raises(ConfigError):
+            fleet_token(env=env)
+    assert fleet_token(env={"RLFLEET_AUTH": "none"}) is None  # explicitly off
+    assert fleet_token("none", env={}) is None
+    assert fleet_token(env={"RLFLEET_AUTH": "none", "RLFLEET_AUTH_TOKEN": "t"}) == "t"
+    newline.write_text("t0k\n")
+    assert fleet_token(env={"RLFLEET_AUTH_TOKEN_FILE": str(newline)}) == "t0k"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from rlfleet.config import TOKEN_NAME, fleet_token
 from rlfleet.local.metrics import read_events
 from rlfleet.local.plots import learning_curve
 from rlfleet.local.stack import start_stack
@@ -155,8 +157,13 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_sigint)
     signal.signal(signal.SIGTERM, on_sigint)
+    # Auth stays on locally too: a token made for this run unless the environment has one;
+    # the learner inherits it through the environment.
+    token = fleet_token("none") or secrets.token_hex(16)
+    os.environ[TOKEN_NAME] = token
     stack = start_stack(run_dir, runs_root=runs_root, run=run, model_dir=model_dir,
-                        replicas=args.replicas, log=lambda m: print(f"  {m}", flush=True))
+                        replicas=args.replicas, token=token,
+                        log=lambda m: print(f"  {m}", flush=True))
     learner_rc = 1
     try:
         cfg.setdefault("fleet", {}).update(

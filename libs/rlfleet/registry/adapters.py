@@ -1,4 +1,10 @@
-"""Adapter versions per run: latest (monotonic), history, acknowledgements, events."""
+"""Adapter versions per run: latest (monotonic), history, acknowledgements, events.
+
+Redis is a hint, /shared is the truth: `latest` never goes backwards through `publish`,
+but ckpt-sync, which verifies every version on /shared, may `replace` a latest that
+/shared does not back (a forged or corrupted key) with one it does. Acknowledgements are
+signed with the fleet's registry key when there is one (see `identity`), and `acks` then
+returns only those that verify."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from dataclasses import asdict, dataclass
 import redis
 
 from rlfleet.registry import keys
+from rlfleet.registry.identity import sign_ack, verify_ack
 
 # One round trip per publish: sets latest only if the new version is higher (versions
 # never go backwards, even when two publishers race or an old publisher replays), records
@@ -25,6 +32,18 @@ if updated == 1 then redis.call('SET', KEYS[1], ARGV[1]) end
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 if updated == 1 then redis.call('PUBLISH', KEYS[3], ARGV[1]) end
 return updated
+"""
+
+
+# Compare-and-set: replaces latest only if it still holds exactly what the caller checked
+# (ARGV[3], "" = absent), then records and announces like _PUBLISH.
+_REPLACE = """
+local cur = redis.call('GET', KEYS[1])
+if (cur or '') ~= ARGV[3] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+redis.call('PUBLISH', KEYS[3], ARGV[1])
+return 1
 """
 
 
@@ -56,6 +75,17 @@ class AdapterRecord:
         return cls(**json.loads(raw))
 
 
+def parse_record(raw: str) -> AdapterRecord | None:
+    """An AdapterRecord from Redis, or None for a value that is not one (foreign,
+    corrupt): a bad key must not break its readers."""
+    try:
+        record = AdapterRecord.from_json(raw)
+        int(record.version)
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return None
+    return record
+
+
 @dataclass(frozen=True)
 class PendingVersion:
     """A hint, never an announcement: ckpt-sync has started verifying `record` (its
@@ -67,9 +97,14 @@ class PendingVersion:
 
 
 class AdapterRegistry:
-    def __init__(self, client: redis.Redis) -> None:
+    """`key`: the fleet's registry key, to sign and check acknowledgements (None: auth is
+    off, acknowledgements are taken as written)."""
+
+    def __init__(self, client: redis.Redis, key: bytes | None = None) -> None:
         self.redis = client
+        self.key = key
         self._publish = client.register_script(_PUBLISH)
+        self._replace = client.register_script(_REPLACE)
 
     def publish(self, record: AdapterRecord) -> bool:
         """Records `record` as latest if newer, adds it to the history and announces it
@@ -82,20 +117,38 @@ class AdapterRegistry:
             keys=[keys.latest(record.run), keys.history(record.run), keys.events(record.run)],
             args=[raw, record.version]))
 
+    def replace(self, record: AdapterRecord, expected_raw: str | None) -> bool:
+        """Makes `record` latest (even if older) provided latest still holds
+        `expected_raw` (None: no latest); records and announces it. For ckpt-sync only,
+        once it has found that /shared does not back the current latest."""
+        if not record.published_at:
+            record = AdapterRecord(**{**asdict(record), "published_at": time.time()})
+        raw = record.to_json()
+        return bool(self._replace(
+            keys=[keys.latest(record.run), keys.history(record.run), keys.events(record.run)],
+            args=[raw, record.version, expected_raw or ""]))
+
+    def latest_raw(self, run: str) -> str | None:
+        return self.redis.get(keys.latest(run))
+
     def hint_pending(self, record: AdapterRecord) -> None:
         """Tells listeners that `record` is being verified (see PendingVersion)."""
         self.redis.publish(pending_channel(record.run), record.to_json())
 
     def latest(self, run: str) -> AdapterRecord | None:
         raw = self.redis.get(keys.latest(run))
-        return AdapterRecord.from_json(raw) if raw else None
+        return parse_record(raw) if raw else None
 
     def history(self, run: str) -> list[AdapterRecord]:
-        return [AdapterRecord.from_json(r) for r in self.redis.zrange(keys.history(run), 0, -1)]
+        records = (parse_record(r) for r in self.redis.zrange(keys.history(run), 0, -1))
+        return [r for r in records if r is not None]
 
     def acknowledge(self, run: str, version: int, replica_id: str) -> None:
+        at = time.time()
+        value = f"{at!r}|{sign_ack(self.key, run, version, replica_id, at)}" if self.key \
+            else repr(at)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(keys.acks(run, version), replica_id, time.time())
+        pipe.hset(keys.acks(run, version), replica_id, value)
         pipe.publish(acks_channel(run), str(version))
         pipe.execute()
 
@@ -104,7 +157,19 @@ class AdapterRegistry:
         return AckWaiter(self.redis, run)
 
     def acks(self, run: str, version: int) -> dict[str, float]:
-        return {k: float(v) for k, v in self.redis.hgetall(keys.acks(run, version)).items()}
+        """Replica id -> when it acknowledged `version` (with a key: verified ones only)."""
+        out = {}
+        for replica_id, value in self.redis.hgetall(keys.acks(run, version)).items():
+            at_text, _, mac = str(value).partition("|")
+            try:
+                at = float(at_text)
+            except ValueError:
+                continue
+            if self.key is not None and not verify_ack(self.key, run, version, replica_id,
+                                                       at, mac):
+                continue
+            out[replica_id] = at
+        return out
 
     def forget(self, run: str, version: int) -> None:
         """Drops a removed version's history entry and acks."""

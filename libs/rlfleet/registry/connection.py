@@ -4,10 +4,14 @@ connection errors, and the password comes from the environment, never from code.
 from __future__ import annotations
 
 import redis
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
 from rlfleet.config import ConfigError, read_secret
+
+
+class RegistryAuthError(ConfigError):
+    """Redis refused the credentials: a configuration error, never an outage."""
 
 
 class _Retry(Retry):
@@ -40,15 +44,51 @@ def connect(url: str, *, password: str | None = None) -> redis.Redis:
     )
 
 
+def credentials_error(exc: BaseException) -> RegistryAuthError:
+    """The one message for a refused Redis password (never the password itself)."""
+    return RegistryAuthError(
+        f"Redis refused the credentials ({exc}); check REDIS_PASSWORD / "
+        "REDIS_PASSWORD_FILE (or the password in the Redis URL)")
+
+
 def verify_credentials(client: redis.Redis) -> None:
-    """Raises ConfigError when Redis refuses the credentials (a wrong or missing password
-    is a configuration error, not an outage). A Redis that is down passes: services wait
-    for it and reconnect."""
+    """Raises RegistryAuthError (a ConfigError) when Redis refuses the credentials (a wrong
+    or missing password is a configuration error, not an outage). A Redis that is down
+    passes at once (one attempt, no retries): services wait for it and reconnect."""
+    pool = client.connection_pool
+    kwargs = {**pool.connection_kwargs, "retry": Retry(NoBackoff(), 0)}
+    probe = redis.Redis(connection_pool=redis.ConnectionPool(
+        connection_class=pool.connection_class, **kwargs))
     try:
-        client.ping()
+        probe.ping()
     except redis.AuthenticationError as exc:
-        raise ConfigError(
-            f"Redis refused the credentials ({exc}); check REDIS_PASSWORD / "
-            "REDIS_PASSWORD_FILE (or the password in the Redis URL)") from None
+        raise credentials_error(exc) from None
     except (redis.ConnectionError, redis.TimeoutError):
         pass
+    finally:
+        probe.close()
+        probe.connection_pool.disconnect()
+
+
+def registry_full(exc: BaseException) -> bool:
+    """Redis refused a write because it is out of memory (maxmemory reached with the
+    noeviction policy): "OOM command not allowed when used memory > 'maxmemory'"."""
+    return isinstance(exc, redis.OutOfMemoryError) or (
+        isinstance(exc, redis.ResponseError) and "OOM command not allowed" in str(exc))
+
+
+def registry_unavailable_reason(exc: BaseException) -> str | None:
+    """Why a Redis error means "the registry cannot answer now, retry" (None: it does
+    not): unreachable, full, read-only (a replica after failover), loading its data."""
+    if isinstance(exc, redis.AuthenticationError):
+        return "Redis refused the service's credentials (check REDIS_PASSWORD)"
+    if isinstance(exc, redis.BusyLoadingError):
+        return "the fleet registry (Redis) is loading its dataset"
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return f"the fleet registry (Redis) is unreachable ({type(exc).__name__})"
+    if registry_full(exc):
+        return ("the fleet registry (Redis) is full: used memory is over maxmemory and the "
+                "policy is noeviction, so Redis refuses writes (OOM); nothing was recorded")
+    if isinstance(exc, redis.ReadOnlyError):
+        return "the fleet registry (Redis) is read-only (a replica, e.g. after a failover)"
+    return None

@@ -1,9 +1,26 @@
-"""Server interceptors: shared-token auth, error mapping and Prometheus metrics."""
+"""Server interceptors: shared-token auth, a bound on how long a call may wait for its
+request, error mapping and Prometheus metrics.
+
+grpc runs interceptors on the server's polling thread when a call's headers arrive, before
+its body; the handler they return runs on a worker thread. Two consequences shape this
+module:
+
+- An unauthenticated call is refused by a handler that never reads its request: a worker
+  sends UNAUTHENTICATED at once, the body is neither waited for nor parsed (a 60 MiB body
+  is never buffered), and a client that sends headers and no body holds nothing.
+- A unary handler's worker blocks until the request arrives. Every handler is therefore
+  served as request-streaming: the worker starts at the headers, reads the request under
+  `RequestReaper`'s bound, and a call whose request does not arrive in time ends with
+  DEADLINE_EXCEEDED, freeing the worker, whoever the caller is (health checks need no
+  token and are bounded the same way).
+"""
 
 from __future__ import annotations
 
+import collections
 import hmac
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,6 +35,9 @@ log = logging.getLogger(__name__)
 RPC_REQUESTS = Counter(
     "rlfleet_grpc_requests_total", "gRPC requests handled", ["grpc_service", "method", "code"]
 )
+REQUEST_TIMEOUTS = Counter(
+    "rlfleet_grpc_request_timeouts_total",
+    "calls ended with DEADLINE_EXCEEDED because their request did not arrive in time", [])
 RPC_LATENCY = Histogram(
     "rlfleet_grpc_request_seconds",
     "gRPC handling time",
@@ -79,11 +99,27 @@ def _replace_behaviour(
     raise ValueError("handler has no behaviour")
 
 
+def refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: str
+            ) -> grpc.RpcMethodHandler:
+    """A handler that answers `code` without reading the request: request-streaming, so
+    grpc starts it at the headers and never receives (or parses) the body."""
+
+    def refuse(request_iterator: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(code, details)
+
+    if handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(
+            refuse, response_serializer=handler.response_serializer)
+    return grpc.stream_unary_rpc_method_handler(
+        refuse, response_serializer=handler.response_serializer)
+
+
 class AuthInterceptor(grpc.ServerInterceptor):
-    """Rejects calls without `authorization: Bearer <token>` (UNAUTHENTICATED)."""
+    """Rejects calls without `authorization: Bearer <token>` (UNAUTHENTICATED) at the
+    headers: the request is never read (see `refusal`)."""
 
     def __init__(self, token: str) -> None:
-        if not token:
+        if not token or not token.strip():
             raise ValueError("auth token must be non-empty")
         self._expected = f"Bearer {token}".encode()
 
@@ -99,14 +135,156 @@ class AuthInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
+        service, name = _split(method)
+        RPC_REQUESTS.labels(service, name, grpc.StatusCode.UNAUTHENTICATED.name).inc()
+        return refusal(handler, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong auth token")
 
-        def deny(behaviour: Callable, streaming: bool) -> Callable:
-            def aborted(request: Any, context: grpc.ServicerContext) -> Any:
-                context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong auth token")
 
-            return aborted
+class RequestReaper:
+    """Ends calls whose request message does not arrive within `bound_s`.
 
-        return _replace_behaviour(handler, deny)
+    Every wait for a request message registers here (deadlines are in arrival order, so a
+    deque is the schedule); one thread cancels the calls still waiting at their deadline,
+    with DEADLINE_EXCEEDED, which wakes their worker."""
+
+    def __init__(self, bound_s: float, name: str = "rpc") -> None:
+        if bound_s <= 0:
+            raise ValueError("bound_s must be > 0")
+        self.bound_s = bound_s
+        self.expired = 0
+        self._waits: collections.deque[list] = collections.deque()
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name=f"{name}-request-reaper",
+                                        daemon=True)
+        self._thread.start()
+
+    def wait_for(self, context: grpc.ServicerContext, receive: Callable[[], Any]) -> Any:
+        """`receive()` (a blocking read of one request message), cut off at the bound."""
+        entry = [time.monotonic() + self.bound_s, context, False]  # deadline, call, done
+        with self._cond:
+            self._waits.append(entry)
+            if len(self._waits) == 1:
+                self._cond.notify()
+        try:
+            return receive()
+        finally:
+            entry[2] = True
+            entry[1] = None
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped and (not self._waits or self._waits[0][2]):
+                    if self._waits:
+                        self._waits.popleft()
+                    else:
+                        self._cond.wait()
+                if self._stopped:
+                    return
+                entry = self._waits[0]
+                left = entry[0] - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                self._waits.popleft()
+            context = entry[1]
+            if context is not None and not entry[2]:
+                self.expired += 1
+                REQUEST_TIMEOUTS.inc()
+                _cancel(context, grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"the request did not arrive within {self.bound_s:g}s of the call's "
+                        "headers")
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+
+def _cancel(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> None:
+    """Ends the call from another thread with `code` (grpc's public `cancel` can only say
+    CANCELLED; the underlying call can carry a status)."""
+    call = getattr(getattr(context, "_rpc_event", None), "call", None)
+    try:
+        if call is not None:
+            call.cancel(code.value[0], details.encode())
+            return
+    except Exception:  # noqa: BLE001 - fall back to a plain cancel
+        log.debug("cancel with status failed", exc_info=True)
+    context.cancel()
+
+
+class _Bounded:
+    """A request iterator whose every read waits at most the reaper's bound."""
+
+    def __init__(self, iterator: Iterator[Any], context: grpc.ServicerContext,
+                 reaper: RequestReaper) -> None:
+        self._it = iterator
+        self._context = context
+        self._reaper = reaper
+
+    def __iter__(self) -> _Bounded:
+        return self
+
+    def __next__(self) -> Any:
+        return self._reaper.wait_for(self._context, lambda: next(self._it))
+
+
+class RequestBoundInterceptor(grpc.ServerInterceptor):
+    """Serves every handler as request-streaming so that its worker starts at the headers
+    and reads the request under `reaper`'s bound (unary handlers get their one message
+    read for them). Must be the outermost interceptor: it sees the final handler."""
+
+    def __init__(self, reaper: RequestReaper) -> None:
+        self.reaper = reaper
+
+    def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        reaper = self.reaper
+        deserialize = handler.request_deserializer
+        if handler.request_streaming:
+            behaviour = handler.stream_stream or handler.stream_unary
+
+            def streaming(request_iterator: Any, context: grpc.ServicerContext) -> Any:
+                return behaviour(_Bounded(request_iterator, context, reaper), context)
+
+            make = (grpc.stream_stream_rpc_method_handler if handler.response_streaming
+                    else grpc.stream_unary_rpc_method_handler)
+            return make(streaming, request_deserializer=deserialize,
+                        response_serializer=handler.response_serializer)
+        behaviour = handler.unary_stream or handler.unary_unary
+
+        def first(request_iterator: Any, context: grpc.ServicerContext) -> Any:
+            """The one request message; otherwise the call ends here (abort raises)."""
+            try:
+                return reaper.wait_for(context, lambda: next(request_iterator))
+            except (StopIteration, grpc.RpcError):
+                pass  # no message: the call ended (cut off, cancelled, too large) or the
+                # client closed its side without sending one
+            if context.is_active():
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              "the call requires exactly one request message")
+            context.abort(grpc.StatusCode.CANCELLED, "the call ended before its request")
+
+        if handler.response_streaming:
+
+            def unary_stream(request_iterator: Any, context: grpc.ServicerContext
+                             ) -> Iterator[Any]:
+                yield from behaviour(first(request_iterator, context), context)
+
+            return grpc.stream_stream_rpc_method_handler(
+                unary_stream, request_deserializer=deserialize,
+                response_serializer=handler.response_serializer)
+
+        def unary_unary(request_iterator: Any, context: grpc.ServicerContext) -> Any:
+            return behaviour(first(request_iterator, context), context)
+
+        return grpc.stream_unary_rpc_method_handler(
+            unary_unary, request_deserializer=deserialize,
+            response_serializer=handler.response_serializer)
 
 
 class ErrorsAndMetricsInterceptor(grpc.ServerInterceptor):

@@ -5,6 +5,12 @@ Prometheus /metrics endpoint, optional shared-token auth and (m)TLS, message siz
 a bound on concurrent RPCs (overload answers RESOURCE_EXHAUSTED instead of queueing
 forever), and a graceful drain on SIGTERM: health turns NOT_SERVING, new calls are
 refused, calls in flight get `grace_s` to finish.
+
+Slow or hostile clients cannot freeze a server: unauthenticated calls are refused at the
+headers without reading the body; every call's request must arrive within
+`request_timeout_s` of its headers; and the worker pool has a thread for every call the
+server admits (`max_concurrent_rpcs`), so an admitted call never queues behind calls that
+wait for their request; beyond that bound calls are refused at the headers.
 """
 
 from __future__ import annotations
@@ -23,7 +29,12 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from rlfleet.limits import MAX_MESSAGE_BYTES
-from rlfleet.rpc.interceptors import AuthInterceptor, ErrorsAndMetricsInterceptor
+from rlfleet.rpc.interceptors import (
+    AuthInterceptor,
+    ErrorsAndMetricsInterceptor,
+    RequestBoundInterceptor,
+    RequestReaper,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +55,12 @@ class ServerConfig:
     port: int = 0  # 0 picks a free port (tests)
     host: str = "127.0.0.1"
     metrics_port: int | None = None  # None: no metrics endpoint; 0 picks a free port
-    max_workers: int = 64
+    max_workers: int = 64  # at least; the pool grows to max_concurrent_rpcs threads
     max_concurrent_rpcs: int | None = 1024
     auth_token: str | None = None
     tls: TlsConfig | None = None
     grace_s: float = 10.0
+    request_timeout_s: float = 20.0  # a call's request must arrive this soon after headers
     options: list[tuple[str, int]] = field(default_factory=list)
 
 
@@ -56,12 +68,17 @@ class GrpcServer:
     def __init__(self, name: str, config: ServerConfig, registrations: Sequence[Registration]):
         self.name = name
         self.config = config
-        interceptors: list[grpc.ServerInterceptor] = []
-        if config.auth_token:
-            interceptors.append(AuthInterceptor(config.auth_token))
+        # outermost first: the request bound sees the final handler (auth's refusals too)
+        self._reaper = RequestReaper(config.request_timeout_s, name)
+        interceptors: list[grpc.ServerInterceptor] = [RequestBoundInterceptor(self._reaper)]
+        if config.auth_token is not None:
+            interceptors.append(AuthInterceptor(config.auth_token))  # refuses "" too
         interceptors.append(ErrorsAndMetricsInterceptor())
+        # A thread for every admitted call: a call waiting for its request (bounded) holds
+        # one, and must not make the calls behind it wait for a free worker.
+        workers = max(config.max_workers, config.max_concurrent_rpcs or 1024)
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix=name),
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name),
             interceptors=interceptors,
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
             options=[
@@ -105,7 +122,8 @@ class GrpcServer:
             "serving",
             extra={"address": self.address, "metrics_port": self.metrics_port,
                    "services": self.service_names, "auth": bool(self.config.auth_token),
-                   "tls": bool(self.config.tls)},
+                   "tls": bool(self.config.tls),
+                   "request_timeout_s": self.config.request_timeout_s},
         )
         return self
 
@@ -126,6 +144,7 @@ class GrpcServer:
         self.health.enter_graceful_shutdown()
         grace = self.config.grace_s if grace_s is None else grace_s
         self._server.stop(grace).wait()
+        self._reaper.stop()
         if self._metrics_httpd is not None:
             self._metrics_httpd.shutdown()
         self._stopped.set()

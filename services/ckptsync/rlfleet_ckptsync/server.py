@@ -8,7 +8,13 @@ from pathlib import Path
 
 from pydantic import Field
 
-from rlfleet.registry import AdapterRegistry, ReplicaRegistry, connect, verify_credentials
+from rlfleet.registry import (
+    AdapterRegistry,
+    ReplicaRegistry,
+    connect,
+    registry_key,
+    verify_credentials,
+)
 from rlfleet.rpc.server import GrpcServer
 from rlfleet.service import ServiceSettings
 from rlfleet.storage import RunsRoot, clean_temp_dirs
@@ -70,12 +76,16 @@ def make_server(settings: SyncSettings) -> tuple[GrpcServer, Reconciler]:
     client = connect(settings.redis_url)
     verify_credentials(client)  # a wrong password fails here, clearly (ConfigError)
     settings.runs_root.mkdir(parents=True, exist_ok=True)
-    state = SyncState(RunsRoot(settings.runs_root), AdapterRegistry(client),
-                      ReplicaRegistry(client), keep_last=settings.keep_last,
+    config = settings.server_config()
+    # With the fleet's token, only signed heartbeats and acknowledgements count (Redis
+    # alone proves nothing; the key is derived from the token and never stored there).
+    key = registry_key(config.auth_token)
+    state = SyncState(RunsRoot(settings.runs_root), AdapterRegistry(client, key),
+                      ReplicaRegistry(client, key), keep_last=settings.keep_last,
                       gc_delay_s=settings.gc_delay_s)
     servicer = SyncServicer(state)
     server = GrpcServer(
-        "ckptsync", settings.server_config(),
+        "ckptsync", config,
         [lambda s: sync_pb2_grpc.add_SyncServiceServicer_to_server(servicer, s) or SYNC_SERVICE],
     )
     return server, Reconciler(state, settings.reconcile_s)

@@ -12,7 +12,7 @@ import grpc
 import redis
 
 from rlfleet import limits
-from rlfleet.registry import AdapterRecord
+from rlfleet.registry import AdapterRecord, registry_unavailable_reason
 from rlfleet.rpc.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -27,7 +27,7 @@ from rlfleet.storage import (
     validate_run_name,
 )
 from rlfleet.v1 import common_pb2, sync_pb2, sync_pb2_grpc
-from rlfleet_ckptsync.state import LATEST_VERSION, PUBLISH_STAGE, SyncState
+from rlfleet_ckptsync.state import LATEST_VERSION, PUBLISH_STAGE, NotNewer, SyncState
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +40,22 @@ def _run(name: str) -> str:
 
 
 def _registry_errors(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Redis unreachable (restarting, failing over) is UNAVAILABLE, which callers retry,
-    not an INTERNAL error: the request was fine and nothing was recorded."""
+    """Redis unreachable (restarting, failing over), full (maxmemory with noeviction: OOM
+    on every write), read-only or loading is UNAVAILABLE with a message naming the cause,
+    which callers retry, not an INTERNAL error: the request was fine, the registry cannot
+    record it now."""
 
     @functools.wraps(method)
     def wrapped(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return method(self, request, context)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise Unavailable(f"the fleet registry (Redis) is unreachable "
-                              f"({type(exc).__name__}); retry") from exc
+        except redis.RedisError as exc:
+            reason = registry_unavailable_reason(exc)
+            if reason is None:
+                raise
+            log.warning("registry refused a call", extra={
+                "method": method.__name__, "reason": reason, "error": str(exc)[:300]})
+            raise Unavailable(f"{reason}; retry") from exc
 
     return wrapped
 
@@ -97,13 +103,12 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
         if ref.sha256 and ref.sha256 != record.sha256:
             raise FailedPrecondition("manifest sha256 differs from the one the publisher sent")
         t1 = time.perf_counter()
-        if not self.state.adapters.publish(record):
-            latest = self.state.adapters.latest(run)
-            if latest is None or latest.version != record.version or latest.sha256 != record.sha256:
-                raise FailedPrecondition(
-                    f"version {record.version} is not newer than the latest "
-                    f"({latest.version if latest else '?'}); versions never go backwards")
-            record = latest  # the same version again: idempotent
+        try:  # /shared decides: a latest that /shared does not hold cannot refuse this
+            record = self.state.announce(record)
+        except NotNewer as exc:
+            raise FailedPrecondition(
+                f"version {record.version} is not newer than the latest "
+                f"({exc.latest.version}); versions never go backwards") from exc
         LATEST_VERSION.labels(run).set(record.version)
         t2 = time.perf_counter()
         self.state.schedule_gc(run)  # later, once the replicas have moved to it
@@ -148,7 +153,8 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
             deadline = min(deadline, time.monotonic() + remaining)
         # Event-driven: subscribed before the first look, woken by every acknowledgement
         # (a replica heartbeats its new version before it acknowledges), re-checking every
-        # `recheck_s` at the latest.
+        # `recheck_s` at the latest. Only verified heartbeats count (with the fleet's
+        # token, `replicas.live()` drops any whose signature does not verify).
         with self.state.adapters.ack_waiter(run) as acks:
             while True:
                 serving = sorted(

@@ -1,5 +1,10 @@
 """What ckpt-sync knows, and how it rebuilds it: the runs root on /shared is the truth,
-Redis a cache of it plus the replicas' heartbeats and acks."""
+Redis a cache of it plus the replicas' heartbeats and acks.
+
+Redis' `latest` is checked against /shared before it may refuse a publish: a latest whose
+version directory is not on /shared with the same manifest sha256 (forged, or left by a
+wiped runs root) is replaced by the verified version, so a key written behind ckpt-sync's
+back (a `latest` of 2**40) cannot block later publishes; the reconciler heals it too."""
 
 from __future__ import annotations
 
@@ -9,9 +14,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import redis
 from prometheus_client import Counter, Gauge, Histogram
 
-from rlfleet.registry import AdapterRecord, AdapterRegistry, ReplicaRegistry
+from rlfleet.registry import AdapterRecord, AdapterRegistry, ReplicaRegistry, registry_full
+from rlfleet.registry.adapters import parse_record
 from rlfleet.storage import (
     AdapterVerificationError,
     PathOutsideRunsRoot,
@@ -19,6 +26,7 @@ from rlfleet.storage import (
     VersionProtected,
     latest_version,
     list_versions,
+    manifest_sha256,
     remove_version,
     verify_adapter_dir,
 )
@@ -48,6 +56,18 @@ REMOVED_VERSIONS = Counter("rlfleet_sync_removed_versions_total", "adapter versi
 REPUBLISHED = Counter(
     "rlfleet_sync_republished_total", "versions re-announced from /shared after Redis lost them"
 )
+UNBACKED_LATEST = Counter(
+    "rlfleet_sync_unbacked_latest_replaced_total",
+    "Redis `latest` keys replaced because /shared does not hold that version (forged or stale)",
+)
+
+
+class NotNewer(Exception):
+    """An equal or newer version that /shared backs is latest already."""
+
+    def __init__(self, latest: AdapterRecord) -> None:
+        super().__init__(f"version {latest.version} is latest")
+        self.latest = latest
 
 
 @dataclass
@@ -133,6 +153,51 @@ class SyncState:
             published_at=time.time(),
         )
 
+    def backed_by_shared(self, record: AdapterRecord, run: str) -> bool:
+        """Whether /shared holds `record`: its run, its version's directory (where that
+        version lives, nowhere else) and a MANIFEST.json with its sha256."""
+        try:
+            if record.run != run or int(record.version) < 1:
+                return False
+            path = self.runs_root.adapter_dir(run, int(record.version))
+            if record.path and self.runs_root.resolve(record.path) != path:
+                return False
+            return manifest_sha256(path) == record.sha256
+        except (AdapterVerificationError, PathOutsideRunsRoot, OSError, ValueError,
+                TypeError, OverflowError):
+            return False
+
+    def announce(self, record: AdapterRecord) -> AdapterRecord:
+        """Makes the verified `record` latest and announces it; returns what is latest
+        for it (the same version already latest: that one, idempotent). Raises NotNewer
+        when /shared backs a newer (or the same, differing) latest. A latest that /shared
+        does not back is replaced (compare-and-set), with a warning."""
+        run = record.run
+        for _ in range(5):  # compare-and-set against concurrent publishers
+            try:
+                if self.adapters.publish(record):
+                    return record
+            except redis.ResponseError as exc:
+                if registry_full(exc):
+                    raise
+                # latest holds something the script cannot read: not a record at all
+            raw = self.adapters.latest_raw(run)
+            current = parse_record(raw) if raw else None
+            if current is not None and (current.version, current.sha256) == (
+                    record.version, record.sha256):
+                return current
+            if current is not None and current.version >= record.version and \
+                    self.backed_by_shared(current, run):
+                raise NotNewer(current)
+            if self.adapters.replace(record, raw):
+                UNBACKED_LATEST.inc()
+                log.warning("Redis' latest is not on /shared (forged or stale); replaced it "
+                            "with the version /shared holds",
+                            extra={"run": run, "version": record.version,
+                                   "replaced": (raw or "")[:200]})
+                return record
+        raise RuntimeError(f"latest of run {run!r} keeps changing; try again")
+
     def rebuild(self) -> None:
         """Re-announces the newest verified version of every run that Redis lacks (after a
         flush or restart). Versions never go backwards: Redis keeps whichever is newer."""
@@ -148,8 +213,10 @@ class SyncState:
         newest = latest_version(self.runs_root, run)
         if newest is None:
             return
-        current = self.adapters.latest(run)
-        if current is not None and current.version >= newest:
+        raw = self.adapters.latest_raw(run)
+        current = parse_record(raw) if raw else None
+        if current is not None and current.version >= newest and \
+                self.backed_by_shared(current, run):
             LATEST_VERSION.labels(run).set(current.version)
             return
         for version in sorted(list_versions(self.runs_root, run), reverse=True):
@@ -159,11 +226,15 @@ class SyncState:
                 log.warning("skipping unverifiable version",
                             extra={"run": run, "version": version, "error": str(exc)})
                 continue
-            if self.adapters.publish(record):
+            try:
+                announced = self.announce(record)
+            except NotNewer as exc:
+                announced = exc.latest
+            if announced is record:
                 REPUBLISHED.inc()
                 log.info("re-announced version from /shared",
                          extra={"run": run, "version": version})
-            LATEST_VERSION.labels(run).set(record.version)
+            LATEST_VERSION.labels(run).set(announced.version)
             break
 
     def observe_replicas(self) -> None:

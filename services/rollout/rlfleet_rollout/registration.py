@@ -11,25 +11,54 @@ from concurrent.futures import ThreadPoolExecutor
 
 import redis
 
-from rlfleet.registry import AdapterRecord, AdapterRegistry, ReplicaInfo, ReplicaRegistry
+from rlfleet.registry import (
+    AdapterRecord,
+    AdapterRegistry,
+    ReplicaInfo,
+    ReplicaRegistry,
+    registry_unavailable_reason,
+)
 from rlfleet.registry.adapters import PendingVersion
 from rlfleet_rollout.adapters import AdapterManager, AdapterRefused, Prefetch
 
 log = logging.getLogger(__name__)
 
 
+def _reason(exc: redis.RedisError) -> str:
+    return registry_unavailable_reason(exc) or f"Redis error {type(exc).__name__}"
+
+
 class Heartbeat:
+    """Writes the replica's registry entry every `period_s` (TTL `ttl_s`).
+
+    A failed heartbeat is logged with its cause (unreachable, full, refused credentials)
+    when the failures begin, once a minute while they last, and when they end; the entry
+    expires after the TTL meanwhile (the replica keeps serving groups it is sent)."""
+
+    REPEAT_LOG_S = 60.0
+
     def __init__(self, registry: ReplicaRegistry, info: Callable[[], ReplicaInfo],
                  period_s: float, ttl_s: float) -> None:
         self.registry = registry
         self.info = info
         self.period_s = period_s
         self.ttl_s = ttl_s
+        self.failures = 0  # heartbeats that failed in a row
+        self._logged_at = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
 
     def beat(self) -> None:
         self.registry.heartbeat(self.info(), self.ttl_s)
+
+    def register(self) -> bool:
+        """Writes the first heartbeat, waiting (and retrying every `period_s`) while Redis
+        cannot take it; False if stopped first. The replica stays NOT_SERVING meanwhile."""
+        while not self._stop.is_set():
+            if self.try_beat(starting=True):
+                return True
+            self._stop.wait(self.period_s)
+        return False
 
     def start(self) -> None:
         self._thread.start()
@@ -41,12 +70,30 @@ class Heartbeat:
         except redis.RedisError:
             pass
 
+    def try_beat(self, starting: bool = False) -> bool:
+        try:
+            self.beat()
+        except redis.RedisError as exc:  # Redis restarting or full: re-register next beat
+            self.failures += 1
+            now = time.monotonic()
+            if self.failures == 1 or now - self._logged_at >= self.REPEAT_LOG_S:
+                self._logged_at = now
+                what = ("cannot register in the fleet registry; serving NOT_SERVING until it "
+                        "can" if starting else
+                        "heartbeat failed; the registry entry expires after its TTL until a "
+                        "heartbeat succeeds")
+                log.warning(what, extra={"reason": _reason(exc), "error": str(exc)[:300],
+                                         "failures": self.failures})
+            return False
+        if self.failures:
+            log.info("heartbeat succeeded again; registered",
+                     extra={"failures": self.failures})
+            self.failures = 0
+        return True
+
     def _loop(self) -> None:
         while not self._stop.wait(self.period_s):
-            try:
-                self.beat()
-            except redis.RedisError as exc:  # Redis restarting: re-register next beat
-                log.warning("heartbeat failed", extra={"error": repr(exc)})
+            self.try_beat()
 
 
 class AdapterWatcher:

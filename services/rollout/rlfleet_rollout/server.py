@@ -7,8 +7,8 @@ import logging
 from dataclasses import dataclass
 
 import grpc
+import redis as redis_errors
 
-from rlfleet.config import read_secret
 from rlfleet.engines.base import Engine
 from rlfleet.policy.chat import ChatCodec
 from rlfleet.policy.loading import load_processor
@@ -18,6 +18,7 @@ from rlfleet.registry import (
     ReplicaInfo,
     ReplicaRegistry,
     connect,
+    registry_key,
     verify_credentials,
 )
 from rlfleet.rpc.client import RpcClient
@@ -58,12 +59,18 @@ class Replica:
     watcher: AdapterWatcher | None
 
     def until_ready(self) -> None:
-        """Loads the run's latest adapter (if any) before reporting SERVING."""
+        """Registers in the fleet registry and loads the run's latest adapter (if any)
+        before reporting SERVING. A Redis that is down (or full) at start keeps the replica
+        NOT_SERVING, retrying, until its first heartbeat is written."""
         if self.heartbeat is not None:
-            self.heartbeat.beat()
+            if not self.heartbeat.register():
+                return  # stopped while waiting for Redis
             self.heartbeat.start()
         if self.watcher is not None:
-            self.watcher.catch_up()
+            try:
+                self.watcher.catch_up()
+            except redis_errors.RedisError as exc:  # the watcher's loop catches up later
+                log.warning("cannot read the latest adapter yet", extra={"error": repr(exc)})
             self.watcher.start()
 
     def stop(self) -> None:
@@ -84,19 +91,26 @@ def build_replica(settings: RolloutSettings) -> Replica:
     batcher = GenerationBatcher(engine, max_batch=settings.max_batch)
     config = settings.server_config()
     # The replica calls the env/reward service and ckpt-sync with the fleet's shared token
-    # (the same one its own server requires), like every other client in the fleet.
-    token = read_secret("RLFLEET_AUTH_TOKEN")
-    sync = (RpcClient(settings.sync_address, token=token, timeout_s=10)
+    # (the same one its own server requires) and its TLS settings (its certificate as the
+    # client certificate, the fleet CA to check theirs), like every client in the fleet.
+    token = config.auth_token
+    tls = settings.client_tls()
+    sync = (RpcClient(settings.sync_address, token=token, timeout_s=10, tls=tls)
             if settings.sync_address else None)
     redis = connect(settings.redis_url) if settings.redis_url else None
     if redis is not None:
-        verify_credentials(redis)  # a wrong password fails here, clearly (ConfigError)
-    replica_registry = ReplicaRegistry(redis) if redis is not None else None
+        # a wrong password fails here, clearly (ConfigError); a Redis that is down does
+        # not: the replica starts NOT_SERVING and registers when Redis is back
+        verify_credentials(redis)
+    # heartbeats signed with the key derived from the token: the learner and ckpt-sync
+    # count only replicas that prove they hold it
+    replica_registry = (ReplicaRegistry(redis, registry_key(token)) if redis is not None
+                        else None)
     holder: dict[str, Heartbeat] = {}
 
     def on_live(adapter: LiveAdapter) -> None:
         if "hb" in holder:
-            holder["hb"].beat()
+            holder["hb"].try_beat()  # a failure is logged; the loop retries
         if sync is not None:
             try:
                 sync.call(sync_pb2_grpc.SyncServiceStub, "Acknowledge", sync_pb2.AcknowledgeRequest(
@@ -111,8 +125,10 @@ def build_replica(settings: RolloutSettings) -> Replica:
     reward_address = settings.reward_address or settings.env_address
     player = GroupPlayer(
         batcher, codec,
-        env=RpcClient(settings.env_address, token=token, timeout_s=settings.env_timeout_s),
-        reward=RpcClient(reward_address, token=token, timeout_s=settings.env_timeout_s),
+        env=RpcClient(settings.env_address, token=token, timeout_s=settings.env_timeout_s,
+                      tls=tls),
+        reward=RpcClient(reward_address, token=token, timeout_s=settings.env_timeout_s,
+                         tls=tls),
         replica_id=settings.replica_id, cell_px=settings.render_cell_px())
     servicer = RolloutServicer(
         player, adapters, max_groups=settings.max_groups, max_episodes=settings.max_episodes,
