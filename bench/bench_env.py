@@ -190,7 +190,8 @@ def main() -> None:
         port, metrics_port = free_port(), free_port()
         address = f"127.0.0.1:{port}"
         group.start_service("env", rlfleet_argv("env", "serve", "--port", str(port),
-                                                "--metrics-port", str(metrics_port)), address)
+                                                "--metrics-port", str(metrics_port),
+                                                "--insecure-no-auth"), address)
         client = RpcClient(address, timeout_s=120)
         cases = [(1, True, 1), (1, False, 1), (BATCH, True, 1), (BATCH, False, 1),
                  (BATCH, True, GROUP)]

@@ -158,16 +158,16 @@ def main() -> None:
         port = free_port()
         env_address = f"127.0.0.1:{port}"
         group.start_service("env-load", rlfleet_argv(
-            "env", "serve", "--port", str(port), "--metrics-port", str(free_port())),
-            env_address)
+            "env", "serve", "--port", str(port), "--metrics-port", str(free_port()),
+            "--insecure-no-auth"), env_address)
         for c in (1, 8, 32):
             r = run_load(env_worker(env_address), c, WINDOW_S)
             rows.append({"case": f"env Step, {c} clients", **r})
         port = free_port()
         capped = f"127.0.0.1:{port}"
         group.start_service("env-capped", rlfleet_argv(
-            "env", "serve", "--port", str(port), "--metrics-port", str(free_port())), capped,
-            env={"RLFLEET_MAX_CONCURRENT_RPCS": "4"})
+            "env", "serve", "--port", str(port), "--metrics-port", str(free_port()),
+            "--insecure-no-auth"), capped, env={"RLFLEET_MAX_CONCURRENT_RPCS": "4"})
         for c in (4, 64):
             r = run_load(env_worker(capped), c, WINDOW_S)
             rows.append({"case": f"env Step, {c} clients, limit 4", **r})
@@ -182,7 +182,8 @@ def main() -> None:
                 "rollout", "serve", "--port", str(port), "--metrics-port", str(free_port()),
                 "--model", str(model_dir), "--env-address", env_address, "--redis-url",
                 redis_url, "--run", "load", "--replica-id", name, "--runs-root",
-                str(work / "runs"), "--max-groups", "2", "--heartbeat-s", "0.5"),
+                str(work / "runs"), "--max-groups", "2", "--heartbeat-s", "0.5",
+                "--insecure-no-auth"),
                 address=f"127.0.0.1:{port}"))
         for proc in replicas:
             while check(proc.address or "") != "SERVING":

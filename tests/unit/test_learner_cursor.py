@@ -59,3 +59,27 @@ def test_reserved_mazes_are_never_handed_out():
 
     reserved = {generate_layout(s, 7).key for s in [*EVAL_SEEDS, *HELDOUT_SEEDS]}
     assert all(generate_layout(next(source), 7).key not in reserved for _ in range(300))
+
+
+def test_update_batches_keep_groups_whole_and_cover_every_row_per_epoch():
+    import numpy as np
+
+    from rlfleet.grpo import TrainSample
+    from rlfleet_learner.workers import update_batches
+
+    def row(group: str, i: int) -> TrainSample:
+        return TrainSample(input_ids=np.arange(3), loss_mask=[0, 1, 1], logprobs=[0, -1, -1],
+                           reward=0.0, group_id=group, adapter_version=0, advantage=1.0,
+                           extras={"i": i})
+
+    rows = [row(f"g{g}", i) for g in range(5) for i in range(3)]
+    assert update_batches(rows, 1, 1, seed=0) == [rows]
+    updates = update_batches(rows, 2, 3, seed=7)
+    assert len(updates) == 6
+    for epoch in range(3):
+        part = updates[2 * epoch: 2 * epoch + 2]
+        assert sorted(id(r) for u in part for r in u) == sorted(id(r) for r in rows)
+        for u in part:  # whole groups only
+            groups = {r.group_id for r in u}
+            assert sum(1 for r in rows if r.group_id in groups) == len(u)
+    assert update_batches(rows, 2, 3, seed=7) == updates  # seeded: reproducible

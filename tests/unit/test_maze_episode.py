@@ -64,7 +64,9 @@ def test_wall_bump_keeps_position_and_uses_a_turn() -> None:
 def test_invalid_text_uses_a_turn_without_moving() -> None:
     episode = corridor()
     out = episode.step("I am not sure")
-    assert out.feedback.startswith("Invalid action:") and not out.parsed
+    # VisGym's own sentence (object addresses dropped, see rlfleet.maze.actions)
+    assert out.feedback.startswith("Cannot parse action string 'I am not sure': ")
+    assert out.feedback.endswith(" so the action is invalid.") and not out.parsed
     assert out.action is None and out.matched_format == "unparsed" and not out.format_ok
     assert out.agent == (1, 1) and not out.done
     assert episode.stats.invalid_turns == 1 and episode.stats.turns == 1
@@ -102,15 +104,70 @@ def test_step_after_done_raises() -> None:
     assert episode.stats.turns == 1
 
 
-def test_other_format_moves_but_is_not_format_ok() -> None:
+def test_the_other_format_is_an_invalid_action() -> None:
     episode = corridor(fmt="tags")
     out = episode.step("('move', 0)")
-    assert out.moved and not out.format_ok and out.matched_format == "literal"
+    assert not out.moved and not out.parsed and out.matched_format == "unparsed"
+    assert out.feedback.startswith("Invalid action: no action tag found")
     out = episode.step("<action>right</action>")
     assert out.moved and out.format_ok
+    out = episode.step("<action>right</action>")
     out = episode.step("<action>STOP</action>")
     assert out.reward == 1.0
-    assert episode.stats.format_ok_turns == 2
+    assert episode.stats.format_ok_turns == 3 and episode.stats.invalid_turns == 1
+    literal = corridor()
+    out = literal.step("<action>right</action>")  # VisGym: not a Python literal
+    assert not out.moved and not out.parsed and out.feedback.startswith(
+        "Cannot parse action string '<action>right</action>'")
+
+
+def test_rlfleet_sentences_are_unchanged_in_the_default_format() -> None:
+    """The shipped checkpoint reads these sentences (context frame_only)."""
+    episode = corridor(max_turns=4)
+    assert episode.feedback == "The episode has started. Make your first move."
+    assert episode.step("('move', 0)").feedback == "Moved right."
+    assert episode.step("('move', 1)").feedback == "Cannot move into a wall."
+    assert episode.step("('move', 2)").feedback == "Moved left."
+    assert episode.step("('move', 1)").feedback == (
+        "Cannot move into a wall. Turn limit reached; the episode is over.")
+    assert corridor().step("('stop', 'stop')").feedback == (
+        "You stopped before reaching the target. The episode is over.")
+
+
+def test_visgym_profile_answers_with_visgyms_sentences() -> None:
+    episode = corridor(max_turns=6, fmt="visgym")
+    assert episode.action_format == ActionFormat.LITERAL and episode.format_name == "visgym"
+    assert "('move', direction)" in episode.instruction  # the literal instruction
+    assert episode.feedback == "The episode has started. Make your first move."
+    out = episode.step("('move', 0)")
+    assert out.moved and out.format_ok and out.feedback == "Action executed successfully."
+    out = episode.step("('move', 1)")
+    assert out.wall_bump and out.feedback == "Cannot move into a wall."
+    out = episode.step("('move', 7)")
+    assert out.feedback == ("The action 7 is not in the valid action space of move so "
+                            "nothing is executed.")
+    out = episode.step("<action>right</action>")
+    assert not out.parsed and out.feedback.startswith("Cannot parse action string")
+    episode.step("('move', 0)")
+    out = episode.step("('stop', 'ok')")  # any Text(4) payload stops
+    assert out.solved and out.reward == 1.0 and out.feedback == "Action executed successfully."
+
+
+def test_visgym_profile_has_no_turn_limit_sentence() -> None:
+    episode = corridor(max_turns=1, fmt="visgym")
+    out = episode.step("('move', 0)")
+    assert out.truncated and out.done and out.feedback == "Action executed successfully."
+
+
+@pytest.mark.parametrize("fmt", ["literal", "visgym"])
+def test_visgym_semantics_in_both_literal_profiles(fmt: str) -> None:
+    episode = corridor(fmt=fmt)
+    assert episode.step("('move', True)").agent == (1, 1)  # bool is an int: 1 = up, a wall
+    assert episode.step("'move', 0").moved  # a tuple without parentheses
+    assert not episode.step("<action>right</action>").parsed
+    assert episode.step("('move', False)").agent == (1, 3)  # False = 0 = right
+    out = episode.step("('stop', 'ab1')")
+    assert out.done and out.solved
 
 
 def test_observation_text_and_picture() -> None:
@@ -142,8 +199,8 @@ def test_bad_episode_arguments(kwargs: dict) -> None:
         MazeEpisode(generate_layout(0, 9), **kwargs)
 
 
-@pytest.mark.parametrize("fmt", list(ActionFormat))
-def test_oracle_replay_solves_in_both_formats(fmt: ActionFormat) -> None:
+@pytest.mark.parametrize("fmt", ["literal", "tags", "visgym"])
+def test_oracle_replay_solves_in_every_format(fmt: str) -> None:
     layout = generate_layout(9, 9)
     episode = MazeEpisode(layout, action_format=fmt)
     for text in oracle_texts(layout, fmt=fmt):

@@ -25,15 +25,17 @@ def test_default_size_and_colours() -> None:
     tr, tc = layout.target
     assert _px(image, tr * 25, tc * 25) == TARGET_RGB == (255, 0, 0)
     assert _px(image, tr * 25 + 24, tc * 25 + 24) == TARGET_RGB
-    # Agent: blue disc of radius 6.25 px centred in its cell; the cell corner stays floor.
+    # Agent: pygame's disc of radius int(6.25) = 6 about the pixel corner (12, 12) of its
+    # cell (tests/unit/test_maze_visgym.py has it pixel by pixel); the corner stays floor.
     ar, ac = layout.agent
     cy, cx = ar * 25 + 12, ac * 25 + 12
     assert _px(image, cy, cx) == AGENT_RGB == (0, 0, 255)
-    assert _px(image, cy, cx + 6) == AGENT_RGB  # 5.5 px from the centre: inside
-    assert _px(image, cy, cx + 7) == FLOOR_RGB  # 7.5 px: outside the 6.25 px radius
+    assert _px(image, cy, cx + 5) == AGENT_RGB  # the disc spans columns 6..17
+    assert _px(image, cy, cx + 6) == FLOOR_RGB
+    assert _px(image, cy, cx - 6) == AGENT_RGB
     assert _px(image, ar * 25, ac * 25) == FLOOR_RGB == (255, 255, 255)
     blue = np.all(image == AGENT_RGB, axis=-1).sum()
-    assert 100 <= blue <= 140  # about pi * 6.25^2 = 123
+    assert blue == 104
 
 
 def test_only_palette_colours_used() -> None:
@@ -53,12 +55,15 @@ def test_agent_position_override_and_on_target() -> None:
     assert _px(image, ar * 16 + 8, ac * 16 + 8) == FLOOR_RGB  # start cell now empty
 
 
-def test_one_pixel_per_cell_shows_everything() -> None:
+def test_tiny_cells_hide_the_agent_as_pygame_does() -> None:
+    # VisGym's radius px / 4 truncates to 0 below 4 px: pygame then draws no disc
     layout = generate_layout(2, 9)
     image = render_rgb(layout, cell_px=1)
     assert image.shape == (9, 9, 3)
-    assert _px(image, *layout.agent) == AGENT_RGB
+    assert _px(image, *layout.agent) == FLOOR_RGB
     assert _px(image, *layout.target) == TARGET_RGB
+    assert _px(render_rgb(layout, cell_px=4), layout.agent[0] * 4 + 1,
+               layout.agent[1] * 4 + 1) == AGENT_RGB
 
 
 def test_png_is_deterministic_and_decodes_to_the_pixels() -> None:

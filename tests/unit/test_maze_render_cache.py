@@ -100,12 +100,12 @@ def test_encoders_agree_with_the_reference_bytes() -> None:
 @pytest.mark.skipif(zlib.ZLIB_RUNTIME_VERSION != "1.2.13", reason="digests taken with zlib 1.2.13")
 @pytest.mark.parametrize(
     ("seed", "size", "cell_px", "on_target", "digest"),
-    [  # sha256 of render_png before the frame cache existed
-        (0, 9, 25, False, "c1ac9a82003bf706166ad3bec4c98d1b58389a7fb572f435506773e93d979c24"),
-        (0, 9, 25, True, "88d45acd7b1e8a7daa5468002d1dc68cca04b4fdb7ac1fea36c1017b2ec9d42c"),
+    [  # sha256 of render_png with VisGym's (pygame's) agent disc
+        (0, 9, 25, False, "efd5e03f2c22f201f5e152606f54d290f59c51c07c9d1fd3d6a1e1683ab1fe4d"),
+        (0, 9, 25, True, "0a7f41eb2b22b026a46bc4963603327c6a31b6b16fdae59ec7c93b0c2f74cf7c"),
         (1_000_000, 7, 16, False,
-         "a01ecf520355da2a4c67b81495c13ddb6c44a0bb18b145ee3084ed70b411944d"),
-        (3, 11, 1, False, "e16f549861534e1a61a747f83acd559063397eafa9e5df52c698fb61228288cc"),
+         "5f1aeb4f1e20811e99d0a07846052ff35649c39f4860d5174ef86842561ed5d7"),
+        (3, 11, 1, False, "bc705e30bbaaaffd8f809880da637d5fc112e70bca8a1148a2a238ac9a2ec9da"),
         (5, 9, 8, False, "142e13c2db63d8925d662a7f8ad44ecf42a21acdfba96e6be53c254c24b8671c"),
     ],
 )

@@ -70,7 +70,9 @@ def test_wall_bump_and_garbage_feedback() -> None:
     out = env.step("('move', 3)")
     assert "Cannot move into a wall" in out["metadata"]["feedback"] and not out["done"]
     out = env.step("\x00garbage")
-    assert out["metadata"]["feedback"].startswith("Invalid action")
+    feedback = out["metadata"]["feedback"]  # VisGym's sentence
+    assert feedback.startswith("Cannot parse action string '\\x00garbage': ")
+    assert feedback.endswith(" so the action is invalid.")
     assert out["metadata"]["invalid_turns"] == 1 and out["metadata"]["wall_bumps"] == 1
 
 

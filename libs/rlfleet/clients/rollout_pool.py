@@ -22,6 +22,18 @@ Exactly-once delivery: a group is identified by its idempotency key and each tra
 by its index. If a replica fails mid-stream, the group is sent to another replica under
 the same key; trajectories already received are kept, and any index that arrives twice
 is dropped, so every index is delivered once.
+
+A hung replica (SIGSTOP, a wedged host: its sockets stay open, nothing arrives) loses its
+groups to another replica: a watchdog cancels every stream to a replica whose heartbeat
+has expired (absent from the registry for half its TTL more, so that a restarted,
+flushed Redis that the replicas re-fill within a heartbeat cancels nothing), and any
+stream that delivers no trajectory for `idle_timeout_s` (the only check for static
+addresses). Cancelled groups are re-sent like any failed group.
+
+Identity: with the fleet's token the pool lists only replicas whose heartbeat is signed
+with the key derived from it (`rlfleet.registry.identity`), so neither groups nor the
+token ever go to an address that someone merely wrote into Redis. Without a token (auth
+explicitly off) every heartbeat is trusted. TLS options (`tls`) apply to every replica.
 """
 
 from __future__ import annotations
@@ -40,7 +52,13 @@ import grpc
 import redis
 from prometheus_client import Counter, Gauge
 
-from rlfleet.registry import ReplicaRegistry, connect
+from rlfleet.registry import (
+    ReplicaRegistry,
+    connect,
+    registry_key,
+    verify_credentials,
+)
+from rlfleet.registry.connection import credentials_error
 from rlfleet.rpc.client import RpcClient
 from rlfleet.v1 import rollout_pb2, rollout_pb2_grpc
 
@@ -52,6 +70,9 @@ DUPLICATES = Counter("rlfleet_pool_duplicate_trajectories_total",
                      "trajectories dropped because their index already arrived")
 WAITING = Gauge("rlfleet_pool_waiting_groups",
                 "groups waiting for a free slot on a replica (every live replica is full)")
+CANCELLED = Counter("rlfleet_pool_streams_cancelled_total",
+                    "streams the pool cancelled (hung replica): heartbeat expired, or idle",
+                    ["reason"])
 
 # The replica (or the way to it) failed: try another. Anything else is the answer.
 RETRYABLE = {
@@ -101,6 +122,9 @@ def groups_that_fit(group_size: int, capacity: Capacity) -> int:
     return max(1, min(capacity.groups, capacity.episodes // max(1, group_size)))
 
 
+DEFAULT_TTL_S = 10.0  # a heartbeat's TTL when it does not say (unsigned, older replica)
+
+
 @dataclass
 class Replica:
     replica_id: str
@@ -108,10 +132,21 @@ class Replica:
     load: int  # episodes the replica reports + episodes this pool has sent it
     max_groups: int = DEFAULT_CAPACITY.groups
     max_episodes: int = DEFAULT_CAPACITY.episodes
+    ttl_s: float = DEFAULT_TTL_S
 
     @property
     def capacity(self) -> Capacity:
         return Capacity(self.max_groups, self.max_episodes)
+
+
+class _Stream:
+    """One group's stream to one replica, watched for hangs."""
+
+    def __init__(self, call: grpc.Call, address: str) -> None:
+        self.call = call
+        self.address = address
+        self.last_message = time.monotonic()
+        self.reason: str | None = None  # set when the watchdog cancels it
 
 
 @dataclass
@@ -147,18 +182,29 @@ class RolloutPool:
         run: str | None = None,
         token: str | None = None,
         stream_timeout_s: float = 1800.0,
+        idle_timeout_s: float = 600.0,
         max_attempts: int = 8,
         wait_for_replicas_s: float = 120.0,
         registry_refresh_s: float = 1.0,
         status_timeout_s: float = 2.0,
+        tls: dict | None = None,
     ) -> None:
-        self.registry = ReplicaRegistry(connect(redis_url)) if redis_url else None
+        self.registry = None
+        if redis_url:
+            client = connect(redis_url)
+            verify_credentials(client)  # a wrong password: RegistryAuthError, now, once
+            self.registry = ReplicaRegistry(client, registry_key(token))
         self.static = list(addresses)
         if self.registry is None and not self.static:
             raise ValueError("RolloutPool needs a redis_url or replica addresses")
+        if self.registry is not None and self.registry.key is None:
+            log.warning("no fleet token: the rollout pool trusts every replica heartbeat "
+                        "in Redis (auth is off)")
         self.run = run
         self.token = token
+        self.tls = tls
         self.stream_timeout_s = stream_timeout_s
+        self.idle_timeout_s = idle_timeout_s
         self.max_attempts = max_attempts  # failures of one group (refusals counted apart)
         self.max_refusals = 20 * max_attempts  # RESOURCE_EXHAUSTED answers to one group
         self.wait_for_replicas_s = wait_for_replicas_s
@@ -181,6 +227,12 @@ class RolloutPool:
         self._registry_down = False
         self._static_caps: dict[str, tuple[Capacity, str]] = {}  # address -> (cap, id)
         self._static_next_ask: dict[str, float] = {}
+        self._streams: set[_Stream] = set()  # streams in flight, watched for hangs
+        self._absent_since: dict[str, float] = {}  # address -> first read it was missing
+        self._ttls: dict[str, float] = {}  # address -> heartbeat TTL it last advertised
+        self.cancelled: dict[str, int] = {}  # streams the watchdog cancelled, by reason
+        self._closed = threading.Event()
+        self._watchdog: threading.Thread | None = None
 
     # -- replicas --------------------------------------------------------------------
 
@@ -301,8 +353,12 @@ class RolloutPool:
         assert self.registry is not None
         try:
             live = [Replica(r.replica_id, r.address, r.active_episodes,
-                            *_capacity(r.max_groups, r.max_episodes))
+                            *_capacity(r.max_groups, r.max_episodes),
+                            ttl_s=r.ttl_s if r.ttl_s > 0 else DEFAULT_TTL_S)
                     for r in self.registry.live() if self.run is None or r.run == self.run]
+        except redis.AuthenticationError as exc:
+            # the password changed under us: a configuration error, not an outage
+            raise credentials_error(exc) from None
         except redis.RedisError as exc:
             # The registry is down (restarting), not the replicas: keep sending work to
             # the replicas it last listed; one that died meanwhile fails and is retried.
@@ -310,12 +366,15 @@ class RolloutPool:
                 log.warning("replica registry unreachable; using the last known replicas",
                             extra={"error": repr(exc), "replicas": len(self._last_live)})
             self._registry_down = True
-            return [Replica(r.replica_id, r.address, r.load, r.max_groups, r.max_episodes)
-                    for r in self._last_live]
+            return [Replica(r.replica_id, r.address, r.load, r.max_groups, r.max_episodes,
+                            r.ttl_s) for r in self._last_live]
         if self._registry_down:
             log.info("replica registry reachable again", extra={"replicas": len(live)})
             self._registry_down = False
         self._last_live = live
+        if len(self._ttls) > 10_000:
+            self._ttls.clear()
+        self._ttls.update((r.address, r.ttl_s) for r in live)
         return live
 
     def _read_static(self) -> list[Replica]:
@@ -343,7 +402,8 @@ class RolloutPool:
         with self._lock:
             if address not in self._clients:
                 self._clients[address] = RpcClient(address, token=self.token,
-                                                   timeout_s=self.stream_timeout_s)
+                                                   timeout_s=self.stream_timeout_s,
+                                                   tls=self.tls)
             return self._clients[address]
 
     # -- slots -----------------------------------------------------------------------
@@ -402,9 +462,13 @@ class RolloutPool:
                     else:  # none listed, or every one failed and does not answer since
                         no_replicas_since = no_replicas_since or time.monotonic()
                         if time.monotonic() - no_replicas_since > self.wait_for_replicas_s:
+                            ignored = self.registry.ignored if self.registry else 0
+                            unverified = (f"; {ignored} heartbeat(s) in Redis ignored: their "
+                                          "signature does not verify (forged, or replicas "
+                                          "with another token)" if ignored else "")
                             raise NoReplicas(
                                 f"no live rollout replica after {self.wait_for_replicas_s}s"
-                                f" ({len(live)} listed, none answering)")
+                                f" ({len(live)} listed, none answering{unverified})")
                     self._cond.wait(self._wait_s())
         finally:
             with self._cond:
@@ -456,11 +520,14 @@ class RolloutPool:
         logged = False
         while True:
             replica = self._acquire(request, failed, resend=failures + refusals > 0)
+            watched: _Stream | None = None
             try:
                 stream = self._client(replica.address).stream(
                     rollout_pb2_grpc.RolloutServiceStub, "RolloutGroup", request,
                     address=replica.address)
+                watched = self._watch(stream, replica.address)
                 for trajectory in stream:
+                    watched.last_message = time.monotonic()
                     if trajectory.index in received or not (
                             0 <= trajectory.index < request.group_size):
                         DUPLICATES.inc()
@@ -473,9 +540,13 @@ class RolloutPool:
                 detail = f"stream ended after {len(received)} of {request.group_size}"
             except grpc.RpcError as err:
                 code, detail = err.code(), err.details()
+                if watched is not None and watched.reason is not None:
+                    code, detail = grpc.StatusCode.CANCELLED, watched.reason
                 if code not in RETRYABLE:
                     raise
             finally:
+                if watched is not None:
+                    self._unwatch(watched)
                 self._release(replica, request.group_size)
             GROUP_RETRIES.labels(code.name).inc()
             with self._lock:
@@ -529,7 +600,86 @@ class RolloutPool:
                     if nxt is not None:
                         running[pool.submit(self.run_group, nxt)] = nxt
 
+    # -- hung replicas ---------------------------------------------------------------
+
+    def _watch(self, call: grpc.Call, address: str) -> _Stream:
+        stream = _Stream(call, address)
+        with self._cond:
+            self._streams.add(stream)
+            if self._watchdog is None:
+                self._watchdog = threading.Thread(target=self._watch_loop,
+                                                  name="pool-watchdog", daemon=True)
+                self._watchdog.start()
+            self._cond.notify_all()
+        return stream
+
+    def _unwatch(self, stream: _Stream) -> None:
+        with self._cond:
+            self._streams.discard(stream)
+
+    def _watch_period_s(self) -> float:
+        return max(0.05, min(1.0, self.registry_refresh_s, self.idle_timeout_s / 4))
+
+    def _watch_loop(self) -> None:
+        while not self._closed.is_set():
+            with self._cond:
+                while not self._streams and not self._closed.is_set():
+                    self._cond.wait(5.0)
+            if self._closed.wait(self._watch_period_s()):
+                return
+            try:
+                self.check_streams()
+            except Exception as exc:  # noqa: BLE001 - the watchdog must not die
+                log.warning("stream watchdog check failed", extra={"error": repr(exc)})
+
+    def check_streams(self) -> int:
+        """Cancels streams to replicas whose heartbeat expired and streams idle for
+        `idle_timeout_s`; returns how many it cancelled (the watchdog calls this)."""
+        with self._cond:
+            streams = list(self._streams)
+        if not streams:
+            return 0
+        now = time.monotonic()
+        doomed: list[tuple[_Stream, str, str]] = []
+        for s in streams:
+            idle = now - s.last_message
+            if idle > self.idle_timeout_s:
+                doomed.append((s, "idle", f"no trajectory for {idle:.0f}s (idle timeout "
+                                          f"{self.idle_timeout_s:g}s); the replica hangs"))
+        if self.registry is not None:
+            live = self._refresh()
+            if not self._registry_down:  # the registry answered: absence means expiry
+                listed = {r.address: r for r in live}
+                for address in list(self._absent_since):
+                    if address in listed:
+                        del self._absent_since[address]
+                for s in streams:
+                    if s.address in listed:
+                        continue
+                    first = self._absent_since.setdefault(s.address, now)
+                    grace = self._ttls.get(s.address, DEFAULT_TTL_S) / 2
+                    if now - first >= grace:
+                        doomed.append((s, "heartbeat_expired",
+                                       f"the replica's heartbeat expired ({now - first:.1f}s "
+                                       "absent from the registry); it is gone or hung"))
+        cancelled = 0
+        for s, reason, detail in doomed:
+            if s.reason is not None:
+                continue
+            s.reason = detail
+            s.call.cancel()
+            cancelled += 1
+            CANCELLED.labels(reason).inc()
+            with self._lock:
+                self.cancelled[reason] = self.cancelled.get(reason, 0) + 1
+            log.warning("cancelled a stream to a hung replica; its group is re-sent",
+                        extra={"address": s.address, "reason": reason, "detail": detail})
+        return cancelled
+
     def close(self) -> None:
+        self._closed.set()
+        with self._cond:
+            self._cond.notify_all()
         with self._lock:
             for client in self._clients.values():
                 client.close()

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from rlfleet.config import read_secret
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rlfleet.conformance.checks import run_checks
+    from rlfleet.conformance.checks import Unreachable, run_checks
 
-    results = run_checks(args.target, token=read_secret("RLFLEET_AUTH_TOKEN"))
+    try:
+        results = run_checks(args.target, token=read_secret("RLFLEET_AUTH_TOKEN"))
+    except Unreachable as exc:
+        print(f"rlfleet conformance: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps([r.__dict__ for r in results], indent=2))
     else:
@@ -25,7 +30,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("conformance", help="check an env/reward service against the contracts")
+    p = sub.add_parser(
+        "conformance", help="check an env/reward service against the contracts",
+        description="Runs the core checks (any implementation) and the task checks of the "
+                    "rlfleet tasks the service lists. Exit 0: all passed; 1: a check failed; "
+                    "2: nothing answers at the target.")
     p.add_argument("--target", required=True, help="HOST:PORT of the service")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     p.set_defaults(func=_run)

@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         address = f"127.0.0.1:{port}"
         print(f"starting env service on {address}", flush=True)
         group.start_service("env", rlfleet_argv("env", "serve", "--port", str(port),
-                                                "--metrics-port", str(free_port())), address)
+                                                "--metrics-port", str(free_port()),
+                                                "--insecure-no-auth"), address)
         run(address, args.out, args.task)
     return 0
 

@@ -1,30 +1,53 @@
 """One maze episode as a state machine: observe, step with model text, until done.
 
-Semantics follow VisGym's maze_2d:
-- A move into a wall does nothing ("Cannot move into a wall."); unreadable text does
-  nothing ("Invalid action: ..."). Both still use up a turn.
+Semantics follow VisGym's maze_2d (`rlfleet.maze.actions` reads the text as VisGym does):
+- A move into a wall does nothing ("Cannot move into a wall."); an invalid action does
+  nothing (VisGym's own sentence for why, e.g. "The action 7 is not in the valid action
+  space of move so nothing is executed."). Both still use up a turn.
 - `stop` always ends the episode. Reward is 1.0 only when the agent stops on the target;
   stopping anywhere else ends the episode with reward 0 (VisGym terminates on any stop).
   Reaching the target without stopping earns nothing yet. There is no step penalty.
 - Running out of turns ends the episode as truncated, with reward 0.
-- An action written in the other format than the episode's is still carried out (the
-  move is unambiguous) but does not count as `format_ok`; format credit, if any, is the
-  reward service's business.
+- Each action format reads its own syntax only: a tag in a literal episode, or a tuple
+  in a tag episode, is an invalid action. Format credit, if any, is the reward service's
+  business.
 Stepping a finished episode raises `EpisodeDone` (the env service answers
 FAILED_PRECONDITION), so a lost or replayed request cannot move a finished episode.
+
+Feedback sentences. The default ("literal", "tags") keeps rlfleet's sentences for moves,
+bumps, stops and the start ("Moved right.", "Cannot move into a wall.", "The episode has
+started. Make your first move."): the tiny policy reads them (context ``frame_only``) and
+the shipped checkpoint was trained on them. The "visgym" action format is the literal
+format with VisGym's own sentence for every event it has one for: "Action executed
+successfully." after a move or a stop, "Cannot move into a wall." after a bump, and no
+turn-limit suffix (VisGym's env has no turn limit; its harness stops silently). VisGym
+says nothing at reset, so the start sentence is rlfleet's in every format. Invalid
+actions get VisGym's sentences in both literal profiles.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from rlfleet.maze.actions import Action, ActionFormat, ParsedAction, parse_action
+from rlfleet.maze.actions import (
+    Action,
+    ActionFormat,
+    Feedback,
+    ParsedAction,
+    parse_action,
+    resolve_format,
+)
 from rlfleet.maze.layout import Layout, Position
 from rlfleet.maze.prompt import instruction_text, status_text
 from rlfleet.maze.render import DEFAULT_CELL_PX, Frame, check_cell_px, render_frame
 
 WALL_FEEDBACK = "Cannot move into a wall."
 START_FEEDBACK = "The episode has started. Make your first move."
+SOLVED_FEEDBACK = "You stopped on the target. Solved!"
+STOPPED_FEEDBACK = "You stopped before reaching the target. The episode is over."
+TURN_LIMIT_SUFFIX = " Turn limit reached; the episode is over."
+# VisGym's `env_feedback` after an action it carried out (a move or a stop).
+VISGYM_OK_FEEDBACK = "Action executed successfully."
 
 
 class EpisodeDone(RuntimeError):
@@ -101,13 +124,9 @@ class MazeEpisode:
             max_turns = default_max_turns(layout.height, layout.width)
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns must be a positive integer, got {max_turns!r}")
-        try:
-            self.action_format = ActionFormat(action_format)
-        except ValueError:
-            raise ValueError(
-                f"action_format must be one of {[f.value for f in ActionFormat]}, "
-                f"got {action_format!r}"
-            ) from None
+        # "literal" / "tags", or "visgym": the literal syntax with VisGym's sentences.
+        self.action_format, self.feedback_style = resolve_format(action_format)
+        self.format_name = str(action_format)
         self.layout = layout
         self.max_turns = max_turns
         self.cell_px = check_cell_px(cell_px)
@@ -148,24 +167,25 @@ class MazeEpisode:
             raise EpisodeDone("the episode is over; start a new one")
         stats = self.stats
         stats.turns += 1
-        parsed: ParsedAction = parse_action(text, prefer=self.action_format)
+        parsed: ParsedAction = parse_action(text, self.action_format)
         format_ok = parsed.format == self.action_format
+        visgym = self.feedback_style is Feedback.VISGYM
         if format_ok:
             stats.format_ok_turns += 1
         reward, moved, bump = 0.0, False, False
         action = parsed.action
         if action is None:
             stats.invalid_turns += 1
-            feedback = f"Invalid action: {parsed.error}"
+            feedback = parsed.error
         elif action.is_stop:
             stats.stopped = True
             self.done = True
             if self.agent == self.layout.target:
                 stats.solved = True
                 reward = 1.0
-                feedback = "You stopped on the target. Solved!"
+                feedback = VISGYM_OK_FEEDBACK if visgym else SOLVED_FEEDBACK
             else:
-                feedback = "You stopped before reaching the target. The episode is over."
+                feedback = VISGYM_OK_FEEDBACK if visgym else STOPPED_FEEDBACK
         else:
             dr, dc = action.delta
             nxt = (self.agent[0] + dr, self.agent[1] + dc)
@@ -173,7 +193,7 @@ class MazeEpisode:
                 self.agent = nxt
                 moved = True
                 stats.moves += 1
-                feedback = f"Moved {action.name}."
+                feedback = VISGYM_OK_FEEDBACK if visgym else f"Moved {action.name}."
             else:
                 bump = True
                 stats.wall_bumps += 1
@@ -181,7 +201,8 @@ class MazeEpisode:
         if not self.done and stats.turns >= self.max_turns:
             self.done = True
             stats.truncated = True
-            feedback += " Turn limit reached; the episode is over."
+            if not visgym:
+                feedback += TURN_LIMIT_SUFFIX
         self.feedback = feedback
         self.reward = reward
         return StepOutcome(

@@ -2,10 +2,13 @@
 
 VisGym (pygame) paints each cell `cell_px` square (25 by default, so 225×225 for 9×9):
 floor white, walls gray (169,169,169), the target as a full red cell, and the agent as a
-blue disc of radius cell_px/4 centred in its cell, drawn over the target when they share
-a cell. Here the disc is the set of pixels whose centres lie within the radius, which
-matches pygame's shape up to anti-aliasing-free edge pixels. A small `cell_px` (e.g. 16,
-one image token per cell for the tiny model) keeps the same layout.
+blue disc drawn over the target when they share a cell. The disc is pygame's
+``draw.circle`` shape for the centre and radius VisGym passes (``(cell + 0.5) * px`` and
+``px / 4``, which pygame truncates to integers): the midpoint-circle scanlines of that
+integer circle, so at 25 px a 12x12 disc of 104 pixels, centred on the pixel corner up
+and left of the cell's middle. `tests/unit/test_maze_visgym.py` pins it against masks
+pygame drew. A small `cell_px` (e.g. 16, one image token per cell for the tiny model)
+keeps the same layout.
 
 A frame is a pure function of (layout, agent position, cell_px): walls and target never
 change within an episode. `render_frame` (and `render_png`, and `MazeEpisode.observe`)
@@ -255,10 +258,23 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 @lru_cache(maxsize=64)
 def _disc_mask(cell_px: int) -> np.ndarray:
-    # Pixel centres at i+0.5; disc centre at cell_px/2; radius cell_px/4 (6.25 px at 25).
-    centres = np.arange(cell_px) + 0.5 - cell_px / 2
-    dist2 = centres[:, None] ** 2 + centres[None, :] ** 2
-    mask = dist2 <= (cell_px / 4) ** 2
+    """The agent's pixels within its cell, as pygame fills a circle of integer centre
+    ``c = int(cell_px / 2)`` and radius ``r = int(cell_px / 4)``: midpoint-circle steps,
+    each filling the half-open spans [c - a, c + a) on the rows c - b and c + b - 1."""
+    mask = np.zeros((cell_px, cell_px), dtype=bool)
+    c, r = cell_px // 2, cell_px // 4
+    x, y, err = 0, r, 1 - r
+    while x < y:
+        if err >= 0:
+            y -= 1
+            err += 2 * (x - y) + 3  # the midpoint fell outside: step inwards
+        else:
+            err += 2 * x + 3
+        x += 1
+        for half, rows in ((x, (c + y - 1, c - y)), (y, (c + x - 1, c - x))):
+            for row in rows:
+                if 0 <= row < cell_px:
+                    mask[row, max(c - half, 0):min(c + half, cell_px)] = True
     mask.setflags(write=False)
     return mask
 

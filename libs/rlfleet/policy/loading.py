@@ -54,6 +54,111 @@ def _check_local_dir(path: Path) -> Path:
     return path
 
 
+# -- what a checkpoint must hold ---------------------------------------------------------
+
+# The tokens rlfleet's chat encoding and image placeholders need (Qwen's ChatML + vision).
+QWEN_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                       "<|image_pad|>")
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+_WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+class CheckpointError(FileNotFoundError):
+    """A model directory that is not a usable checkpoint; `missing` names each problem."""
+
+    def __init__(self, path: Path, missing: list[str]) -> None:
+        self.path = path
+        self.missing = missing
+        lines = "\n".join(f"  - {m}" for m in missing)
+        super().__init__(
+            f"{path} is not a complete Qwen3-VL checkpoint (models are never downloaded; "
+            f"copy the whole Hugging Face model directory there). Missing:\n{lines}")
+
+
+def _read_json(path: Path, problems: list[str]) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        problems.append(f"{path.name}: unreadable JSON ({exc})")
+        return None
+    if not isinstance(data, dict):
+        problems.append(f"{path.name}: not a JSON object")
+        return None
+    return data
+
+
+def checkpoint_problems(path: str | Path) -> list[str]:
+    """What keeps ``path`` from loading as a policy checkpoint, each as a short line; []
+    for a complete one. Reads file names and small JSON files only (never the weights).
+
+    A checkpoint is a Hugging Face Qwen3-VL model directory: ``config.json`` with
+    ``model_type: qwen3_vl``; the weights (``model.safetensors``, or the shards an
+    ``*.index.json`` lists, every one present); a tokenizer (``tokenizer.json``, or
+    ``vocab.json`` + ``merges.txt``) and ``tokenizer_config.json``, with Qwen's special
+    tokens (`QWEN_SPECIAL_TOKENS`); and ``preprocessor_config.json`` (the image
+    processor: patch and merge size)."""
+    path = Path(path)
+    if not path.is_dir():
+        return [f"the directory itself ({path} does not exist or is not a directory)"]
+    problems: list[str] = []
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        problems.append("config.json (the model configuration)")
+    else:
+        config = _read_json(config_path, problems)
+        if config is not None and config.get("model_type") != "qwen3_vl":
+            problems.append(f"config.json: model_type is {config.get('model_type')!r}, "
+                            "expected 'qwen3_vl'")
+    index = next((path / i for i in _WEIGHT_INDEXES if (path / i).is_file()), None)
+    if index is not None:
+        data = _read_json(index, problems)
+        shards = sorted(set((data or {}).get("weight_map", {}).values()))
+        if data is not None and not shards:
+            problems.append(f"{index.name}: its weight_map lists no weight files")
+        absent = [shard for shard in shards if not (path / shard).is_file()]
+        if absent:
+            problems.append(f"weights: {len(absent)} of the {len(shards)} files {index.name} "
+                            f"lists, e.g. {absent[0]}")
+    elif not any((path / w).is_file() for w in _WEIGHT_FILES):
+        problems.append("weights (model.safetensors, or model-*.safetensors with "
+                        "model.safetensors.index.json)")
+    if not (path / "tokenizer.json").is_file() and not (
+            (path / "vocab.json").is_file() and (path / "merges.txt").is_file()):
+        problems.append("the tokenizer (tokenizer.json, or vocab.json + merges.txt)")
+    if not (path / "tokenizer_config.json").is_file():
+        problems.append("tokenizer_config.json")
+    else:
+        text = "".join(
+            (path / name).read_text(errors="replace")
+            for name in ("tokenizer.json", "tokenizer_config.json", "added_tokens.json",
+                         "special_tokens_map.json")
+            if (path / name).is_file())
+        absent = [t for t in QWEN_SPECIAL_TOKENS if t not in text]
+        if absent:
+            problems.append("Qwen's special tokens in the tokenizer: " + ", ".join(absent))
+    preprocessor = path / "preprocessor_config.json"
+    if not preprocessor.is_file():
+        problems.append("preprocessor_config.json (the image processor: patch_size, "
+                        "merge_size)")
+    else:
+        data = _read_json(preprocessor, problems)
+        if data is not None:
+            absent = [k for k in ("patch_size", "merge_size") if k not in data]
+            if absent:
+                problems.append(f"preprocessor_config.json: no {' or '.join(absent)}")
+    return problems
+
+
+def check_checkpoint(path: str | Path) -> Path:
+    """``path`` if it is a complete checkpoint; CheckpointError naming everything that is
+    missing otherwise (see `checkpoint_problems`)."""
+    path = Path(path)
+    problems = checkpoint_problems(path)
+    if problems:
+        raise CheckpointError(path, problems)
+    return path
+
+
 def load_processor(path: str | Path) -> PolicyProcessor:
     """The processor (tokenizer + image processor + chat template) saved in ``path``."""
     path = _check_local_dir(Path(path))
@@ -78,6 +183,7 @@ def load_policy(
     the real 8B); pass ``torch.float32`` for exact CPU work.
     """
     path = _check_local_dir(Path(path))
+    check_checkpoint(path)  # one clear error naming every missing piece
     config = json.loads((path / "config.json").read_text())
     if config.get("model_type") != "qwen3_vl":
         raise ValueError(f"{path}: model_type {config.get('model_type')!r}, expected 'qwen3_vl'")

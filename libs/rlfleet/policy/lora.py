@@ -1,7 +1,9 @@
 """LoRA on the policy's language model: wrap, and turn into the two files a version is.
 
-Only the language model's attention projections get adapters (what vLLM can serve for a
-VLM); the vision tower stays frozen.
+Only language-model projections get adapters (vLLM serves LoRA on a VLM's language model
+only): the attention projections by default, optionally the MLP's too. The vision tower
+stays frozen, which is what lets the engines and the learner compute its outputs once per
+frame (rlfleet.policy.vision).
 """
 
 from __future__ import annotations
@@ -13,18 +15,29 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import save
 
-# Regex over module names: q/k/v/o projections of the language model only.
-LANGUAGE_ATTENTION = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj)$"
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def language_modules(names: tuple[str, ...] = ATTENTION) -> str:
+    """A regex over module names: these projections of the language model only."""
+    unknown = sorted(set(names) - set(ATTENTION) - set(MLP))
+    if unknown or not names:
+        raise ValueError(f"LoRA modules must be among {ATTENTION + MLP}, got {list(names)}")
+    return r".*language_model.*\.(" + "|".join(names) + r")$"
+
+
+LANGUAGE_ATTENTION = language_modules(ATTENTION)
 
 
 def lora_config(rank: int = 8, alpha: int | None = None, dropout: float = 0.0,
-                init_random: bool = False) -> LoraConfig:
+                init_random: bool = False, modules: tuple[str, ...] = ATTENTION) -> LoraConfig:
     """`init_random=True` gives non-zero B (an adapter that changes outputs; for tests)."""
     return LoraConfig(
         r=rank,
         lora_alpha=alpha if alpha is not None else 2 * rank,
         lora_dropout=dropout,
-        target_modules=LANGUAGE_ATTENTION,
+        target_modules=language_modules(tuple(modules)),
         init_lora_weights=not init_random,
     )
 

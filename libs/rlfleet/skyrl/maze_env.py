@@ -8,7 +8,7 @@ the text. Which maze is played comes from `extras` (top level or `extras["extra_
 the place SkyRL datasets put per-sample fields):
 
 - `seed` (default 0) with optional `task` ("maze_2d"), `size`, `max_turns`,
-  `action_format` ("literal"/"tags") and `cell_px`; or
+  `action_format` ("literal"/"tags"/"visgym") and `cell_px`; or
 - `init_state`: a VisGym saved initial state (maze_map, agent_location, target_location).
 
 The reward of each step is the episode's reward (1.0 on the solving stop, else 0).

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from prometheus_client import REGISTRY, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from rlfleet.maze.episode import MazeEpisode
 from rlfleet.maze.render import FRAME_CACHE
 from rlfleet.rpc.errors import NotFound, ResourceExhausted
+from rlfleet.tasks import TaskEpisode
 
 OPEN_EPISODES = Gauge("rlfleet_env_open_episodes", "episodes held by the env service")
 EXPIRED_EPISODES = Counter("rlfleet_env_expired_episodes_total", "idle episodes expired")
@@ -46,9 +46,16 @@ class FrameCacheCollector:
 REGISTRY.register(FrameCacheCollector())
 
 
+def _release(episode: TaskEpisode) -> None:
+    """Lets an episode free what it holds (a SkyRL env's `close`), if it holds anything."""
+    close = getattr(episode, "close", None)
+    if close is not None:
+        close()
+
+
 @dataclass
 class Entry:
-    episode: MazeEpisode
+    episode: TaskEpisode
     last_used: float
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -66,7 +73,7 @@ class EpisodeTable:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def add(self, episodes: list[MazeEpisode]) -> list[str]:
+    def add(self, episodes: list[TaskEpisode]) -> list[str]:
         """Adds all or none."""
         now = time.monotonic()
         with self._lock:
@@ -96,7 +103,7 @@ class EpisodeTable:
                 entry.last_used = now
         return entries
 
-    def pop(self, ids: list[str]) -> tuple[list[tuple[str, MazeEpisode]], list[str]]:
+    def pop(self, ids: list[str]) -> tuple[list[tuple[str, TaskEpisode]], list[str]]:
         closed, missing = [], []
         with self._lock:
             for episode_id in ids:
@@ -106,6 +113,8 @@ class EpisodeTable:
                 else:
                     closed.append((episode_id, entry.episode))
             OPEN_EPISODES.set(len(self._entries))
+        for _, episode in closed:
+            _release(episode)
         return closed, missing
 
     def expire(self) -> int:
@@ -115,7 +124,7 @@ class EpisodeTable:
     def _expire_locked(self, now: float) -> int:
         stale = [k for k, e in self._entries.items() if now - e.last_used > self.ttl_s]
         for key in stale:
-            del self._entries[key]
+            _release(self._entries.pop(key).episode)
         if stale:
             EXPIRED_EPISODES.inc(len(stale))
             OPEN_EPISODES.set(len(self._entries))

@@ -1,45 +1,97 @@
-"""The env/reward service process: the maze env and one reward function, one server."""
+"""The env/reward service process: the env (every task of its registry), a reward
+function, or both, on one server.
+
+Roles: ``env+reward`` (the default: one process answers both contracts), ``env`` (episodes
+only) and ``reward`` (scoring only). A fleet that runs them apart gives each replica an
+env address and a reward address (`rlfleet rollout serve --env-address A --reward-address
+B`; the same address by default), so either can be changed without the other.
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
+from rlfleet.plugins import PluginError
+from rlfleet.reward import RewardFunction, default_rewards
+from rlfleet.reward.service import REWARD_SERVICE, RewardServicer, registration
 from rlfleet.rpc.server import GrpcServer, ServerConfig
 from rlfleet.service import ServiceSettings
-from rlfleet.v1 import env_pb2, env_pb2_grpc, reward_pb2, reward_pb2_grpc
+from rlfleet.tasks import TaskRegistry, default_tasks
+from rlfleet.v1 import env_pb2, env_pb2_grpc
 from rlfleet_env.episodes import EpisodeTable
-from rlfleet_env.rewards import REWARDS, get_reward
-from rlfleet_env.servicers import EnvServicer, RewardServicer
+from rlfleet_env.servicers import EnvServicer
 
 ENV_SERVICE = env_pb2.DESCRIPTOR.services_by_name["EnvService"].full_name
-REWARD_SERVICE = reward_pb2.DESCRIPTOR.services_by_name["RewardService"].full_name
+ROLES = ("env+reward", "env", "reward")
+
+
+def _split(value: object) -> object:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
 
 
 class EnvSettings(ServiceSettings):
     port: int = Field(50051, ge=0, le=65535)
     metrics_port: int | None = Field(9101, ge=0, le=65535)
+    # a built-in ("task", "format+task") or an `rlfleet.rewards` entry point
     reward: str = "task"
     max_episodes: int = Field(100_000, ge=1)
     episode_ttl_s: float = Field(600.0, gt=0)
     role: Literal["env+reward", "env", "reward"] = "env+reward"
+    # serve only these tasks (names of the registry); empty = all of them
+    tasks: list[str] = Field(default_factory=list)
+    # SkyRL environments to serve as tasks: "ENV_ID" or "ENV_ID=DATASET" (a JSON-lines
+    # file of SkyRL dataset rows); task name "skyrl:ENV_ID" (rlfleet.tasks.skyrl)
+    skyrl_env: list[str] = Field(default_factory=list)
 
-    def model_post_init(self, _context: object) -> None:
-        get_reward(self.reward)  # a clear error for an unknown reward, at start-up
+    @field_validator("tasks", "skyrl_env", mode="before")
+    @classmethod
+    def _comma_lists(cls, value: object) -> object:
+        return _split(value)
+
+    @model_validator(mode="after")
+    def _resolvable(self) -> EnvSettings:
+        # clear errors at start-up: an unknown reward, task or SkyRL env, a duplicate name,
+        # a plugin that does not load
+        if self.role != "env":
+            self.reward_function()
+        self.task_registry().load_all()
+        return self
+
+    def reward_function(self) -> RewardFunction:
+        try:
+            return default_rewards().get(self.reward)
+        except PluginError as exc:
+            raise ValueError(str(exc)) from None
+
+    def task_registry(self) -> TaskRegistry:
+        try:
+            registry = default_tasks()
+            for spec in self.skyrl_env:
+                from rlfleet.tasks.skyrl import skyrl_task
+
+                registry.add(skyrl_task(spec), description=f"--skyrl-env {spec}")
+            if self.tasks:
+                unknown = [t for t in self.tasks if t not in registry]
+                if unknown:
+                    raise PluginError(f"unknown task(s) {unknown}; known: {registry.names()}")
+                registry = registry.only(self.tasks)
+            return registry
+        except PluginError as exc:
+            raise ValueError(str(exc)) from None
 
 
 def build_registrations(settings: EnvSettings, table: EpisodeTable) -> list:
     regs = []
+    tasks = settings.task_registry()
     if settings.role in ("env+reward", "env"):
-        env = EnvServicer(table)
+        env = EnvServicer(table, tasks)
         regs.append(lambda s: env_pb2_grpc.add_EnvServiceServicer_to_server(env, s) or ENV_SERVICE)
     if settings.role in ("env+reward", "reward"):
-        reward = RewardServicer(get_reward(settings.reward))
-        regs.append(
-            lambda s: reward_pb2_grpc.add_RewardServiceServicer_to_server(reward, s)
-            or REWARD_SERVICE
-        )
+        regs.append(registration(RewardServicer(settings.reward_function(), tasks)))
     return regs
 
 
@@ -50,4 +102,12 @@ def make_server(settings: EnvSettings) -> tuple[GrpcServer, EpisodeTable]:
     return GrpcServer("env", config, build_registrations(settings, table)), table
 
 
-__all__ = ["REWARDS", "EnvSettings", "make_server"]
+def banner(settings: EnvSettings) -> str:
+    if settings.role == "env":
+        return "env service"
+    reward = settings.reward_function()
+    what = "reward service" if settings.role == "reward" else "env/reward service"
+    return f"{what} ({reward.name} {reward.version})"
+
+
+__all__ = ["ENV_SERVICE", "REWARD_SERVICE", "ROLES", "EnvSettings", "banner", "make_server"]

@@ -1,45 +1,55 @@
-"""The env and reward contracts for the maze."""
+"""The env and reward contracts for every task of the service's registry."""
 
 from __future__ import annotations
 
 import grpc
 
 from rlfleet import limits
-from rlfleet.maze.episode import EpisodeDone
 from rlfleet.maze.render import render_frames, submit_frames
-from rlfleet.maze.tasks import TASKS
+from rlfleet.reward.service import RewardServicer, check_batch
 from rlfleet.rpc.errors import FailedPrecondition, InvalidArgument
-from rlfleet.v1 import env_pb2, env_pb2_grpc, reward_pb2, reward_pb2_grpc
-from rlfleet_env.convert import frame_state, image_fields, observation_fields, state_fields
+from rlfleet.tasks import EpisodeDone, TaskEpisode, TaskRegistry, default_tasks
+from rlfleet.v1 import env_pb2, env_pb2_grpc
+from rlfleet_env.convert import image_fields, observation_fields, state_fields
 from rlfleet_env.episodes import EpisodeTable
-from rlfleet_env.rewards import RewardFunction, replay
-from rlfleet_env.tasks import episode_from_spec
 
 # Steps of a batch whose frames are handed to the encoder threads together.
 _FRAME_CHUNK = 16
 
+_check_batch = check_batch  # the same rules for Open/Step/Close/Score
 
-def _check_batch(what: str, n: int) -> None:
-    if n == 0:
-        raise InvalidArgument(f"{what}: empty batch")
-    if n > limits.MAX_BATCH:
-        raise InvalidArgument(f"{what}: {n} items, at most {limits.MAX_BATCH} per call")
+__all__ = ["EnvServicer", "RewardServicer"]
+
+
+def frames_of(episodes: list[TaskEpisode]) -> list:
+    """The current picture of each episode: the maze's through the frame cache, rendered
+    as one batch; other tasks' from `image()` (None for text-only tasks)."""
+    keys = [ep.frame_key() for ep in episodes]
+    batched = [k for k in keys if k is not None]
+    rendered = iter(render_frames(batched) if batched else [])
+    return [next(rendered) if key is not None else ep.image()
+            for ep, key in zip(episodes, keys, strict=True)]
 
 
 class EnvServicer(env_pb2_grpc.EnvServiceServicer):
-    def __init__(self, table: EpisodeTable) -> None:
+    def __init__(self, table: EpisodeTable, tasks: TaskRegistry | None = None) -> None:
         self.table = table
+        self.tasks = tasks if tasks is not None else default_tasks()
+        # ListTasks' answer, built once (loading every task now: a broken plugin fails at
+        # start-up, not on the first call).
+        self._task_list = env_pb2.ListTasksResponse(tasks=[
+            env_pb2.TaskInfo(name=t.info.name, description=t.info.description,
+                             default_size=t.info.default_size,
+                             default_max_turns=t.info.default_max_turns)
+            for t in self.tasks.load_all()
+        ])
 
     def Open(self, request: env_pb2.OpenRequest, context: grpc.ServicerContext):  # noqa: N802
         _check_batch("Open", len(request.tasks))
-        episodes = [episode_from_spec(spec) for spec in request.tasks]  # all validated first
+        episodes = [self.tasks.open(spec) for spec in request.tasks]  # all validated first
         ids = self.table.add(episodes)
         # Nobody else has these ids yet, so the episodes are read without their locks.
-        frames = (
-            render_frames([frame_state(ep) for ep in episodes])
-            if request.include_image
-            else [None] * len(episodes)
-        )
+        frames = frames_of(episodes) if request.include_image else [None] * len(episodes)
         return env_pb2.OpenResponse(
             episodes=[
                 {
@@ -75,9 +85,10 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
                 if entry.episode.done:  # all-or-nothing: check before stepping any
                     raise FailedPrecondition(f"episode {episode_id!r} is done; open a new one")
             # Plain values only, read under the locks; the message is built after them.
-            # Frames are a pure function of the state read here: new ones are encoded on
-            # the frame cache's threads while this one steps the rest of the batch.
-            results, states, pending = [], [], []
+            # Maze frames are a pure function of the state read here: new ones are encoded
+            # on the frame cache's threads while this one steps the rest of the batch.
+            # Other tasks' pictures are taken now, under the lock.
+            results, states, pending, direct = [], [], [], {}
             for entry, (episode_id, text) in zip(entries, actions, strict=True):
                 ep = entry.episode
                 try:
@@ -91,11 +102,15 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
                         "reward": outcome.reward,
                         "state": state_fields(ep),
                         "parsed": outcome.parsed,
-                        "action": outcome.action.name if outcome.action else "",
+                        "action": outcome.action,
                     }
                 )
                 if include_image:
-                    states.append(frame_state(ep))
+                    key = ep.frame_key()
+                    if key is None:
+                        direct[len(results) - 1] = ep.image()
+                        continue
+                    states.append(key)
                     if len(states) == _FRAME_CHUNK:
                         pending.append(submit_frames(states))
                         states = []
@@ -104,9 +119,11 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
                 entries[i].lock.release()
         if include_image:
             # A lone step (batch of one) encodes in this thread: no hand-off to wait for.
-            pending.append(submit_frames(states, inline=len(results) == 1))
+            if states:
+                pending.append(submit_frames(states, inline=len(results) == 1))
             frames = (frame for collect in pending for frame in collect())
-            for result, frame in zip(results, frames, strict=True):
+            for i, result in enumerate(results):
+                frame = direct[i] if i in direct else next(frames)
                 result["observation"]["image"] = image_fields(frame)
         return env_pb2.StepResponse(results=results)
 
@@ -121,44 +138,4 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         )
 
     def ListTasks(self, request, context):  # noqa: N802, ANN001, ANN201
-        return env_pb2.ListTasksResponse(
-            tasks=[
-                env_pb2.TaskInfo(
-                    name=t.name,
-                    description=f"VisGym-style 2D maze, {t.size}x{t.size}",
-                    default_size=t.size,
-                    default_max_turns=t.max_turns,
-                )
-                for t in TASKS.values()
-            ]
-        )
-
-
-class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
-    def __init__(self, reward: RewardFunction) -> None:
-        self.reward = reward
-        self.info = reward_pb2.RewardInfo(
-            name=reward.name, version=reward.version, components=list(reward.components)
-        )
-
-    def Score(self, request: reward_pb2.ScoreRequest, context: grpc.ServicerContext):  # noqa: N802
-        _check_batch("Score", len(request.episodes))
-        scores = []
-        for i, record in enumerate(request.episodes):
-            if len(record.actions) > limits.MAX_TURNS:
-                raise InvalidArgument(f"episode {i}: more than {limits.MAX_TURNS} actions")
-            if any(len(a.encode()) > limits.MAX_ACTION_TEXT_BYTES for a in record.actions):
-                raise InvalidArgument(
-                    f"episode {i}: an action is longer than {limits.MAX_ACTION_TEXT_BYTES} bytes"
-                )
-            episode = replay(episode_from_spec(record.task), list(record.actions))
-            result = self.reward.score(episode)
-            scores.append(
-                reward_pb2.Score(
-                    reward=result.reward, components=result.components, solved=result.solved
-                )
-            )
-        return reward_pb2.ScoreResponse(scores=scores, info=self.info)
-
-    def Info(self, request, context):  # noqa: N802, ANN001, ANN201
-        return self.info
+        return self._task_list

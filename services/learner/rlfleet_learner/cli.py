@@ -71,13 +71,19 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     setup_logging("learner", args.log_level)
     stop = threading.Event()
+    received: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
-        print(f"learner: {signal.Signals(signum).name}, stopping after this step", flush=True)
+        print(f"learner: {signal.Signals(signum).name}: finishing or abandoning this step, "
+              "then checkpointing and stopping", flush=True)
+        received.append(signum)
         stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    def install_handlers() -> None:
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+
+    install_handlers()  # already while Ray starts
     metrics_port = args.metrics_port
     if metrics_port is None and os.environ.get("RLFLEET_METRICS_PORT"):
         metrics_port = int(os.environ["RLFLEET_METRICS_PORT"])
@@ -90,17 +96,23 @@ def _run(args: argparse.Namespace) -> int:
         ray.init(num_cpus=max(2, cfg.ray.num_workers), include_dashboard=False,
                  object_store_memory=cfg.ray.object_store_mb * 1024 * 1024,
                  log_to_driver=True, configure_logging=False)
+    # ray.init puts its own SIGTERM handler in place (it kills the driver at once, with
+    # the trainers' state unsaved and Ray's agents orphaned): ours goes back on top.
+    install_handlers()
     try:
         learner = Learner(cfg, resume=args.resume, stop=stop)
         summary = learner.run()
-    except (NoCheckpoint, PathOutsideRunsRoot, InsufficientCapacity) as exc:
+    except (NoCheckpoint, PathOutsideRunsRoot, InsufficientCapacity, ConfigError) as exc:
         print(f"rlfleet learner: {exc}", file=sys.stderr)
         return 2
     finally:
         ray.shutdown()
     if args.summary:
         Path(args.summary).write_text(json.dumps(summary, indent=2))
-    return 0 if not summary.get("stopped") else 130
+    if not summary.get("stopped"):
+        return 0
+    # stopped cleanly by a signal: the shell's code for it (143 for SIGTERM, 130 for ^C)
+    return 128 + (received[0] if received else signal.SIGTERM)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

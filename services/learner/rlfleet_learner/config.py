@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rlfleet.grpo import GRPOConfig
 from rlfleet.maze.tasks import EVAL_SEEDS, HELDOUT_SEEDS
@@ -22,6 +22,17 @@ class ModelConfig(_Strict):
     name: str = "tiny-sft"  # recorded in adapter manifests as the base model
     lora_rank: int = Field(16, ge=1, le=512)
     lora_alpha: int | None = None
+    # language-model projections that get adapters (rlfleet.policy.lora): attention only,
+    # or with the MLP's gate/up/down too
+    lora_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+    @field_validator("lora_modules")
+    @classmethod
+    def _known_modules(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from rlfleet.policy.lora import language_modules
+
+        language_modules(value)  # raises, naming the modules LoRA can target
+        return value
     device: str = "cpu"
     torch_threads: int | None = Field(1, ge=1)
 
@@ -48,6 +59,11 @@ class OptimConfig(_Strict):
     grad_clip: float = Field(1.0, gt=0)
     warmup_steps: int = Field(0, ge=0)
     schedule: Literal["constant", "cosine"] = "constant"
+    # PPO-style reuse of a step's rollouts: the groups are split into `mini_batches`
+    # parts, one optimizer update each, repeated `epochs` times (reshuffled); the clipped
+    # ratio keeps the later updates close to the policy that sampled. 1 and 1: one update.
+    mini_batches: int = Field(1, ge=1, le=64)
+    epochs: int = Field(1, ge=1, le=16)
 
 
 class EvalConfig(_Strict):

@@ -24,11 +24,11 @@ from pathlib import Path
 from prometheus_client import Gauge, Histogram
 
 from rlfleet.clients.rollout_pool import RolloutPool
-from rlfleet.config import read_secret
+from rlfleet.config import fleet_token
 from rlfleet.engines.base import vision_token_ids
 from rlfleet.policy.loading import load_processor
 from rlfleet.policy.profiles import resolve_model_dir
-from rlfleet.rpc.client import RpcClient
+from rlfleet.rpc.client import RpcClient, client_tls_from_env
 from rlfleet.storage import (
     RunsRoot,
     capture_rng,
@@ -61,6 +61,21 @@ STEP_SECONDS = Histogram("rlfleet_learner_step_seconds", "wall time per step", [
 PHASES = ("rollout", "score", "update", "publish", "eval")
 
 
+def reward_fields(trajectories: list) -> dict:
+    """The reward service(s) that scored a step's trajectories, for its record:
+    `reward_name` / `reward_version` of the service that scored most of them, and
+    `reward_services` {"name version": count} (two entries in the step of a swap)."""
+    counts: dict[str, int] = {}
+    for t in trajectories:
+        key = f"{t.reward_name} {t.reward_version}".strip()
+        counts[key] = counts.get(key, 0) + 1
+    if not counts:
+        return {"reward_name": "", "reward_version": "", "reward_services": {}}
+    top = max(trajectories, key=lambda t: counts[f"{t.reward_name} {t.reward_version}".strip()])
+    return {"reward_name": top.reward_name, "reward_version": top.reward_version,
+            "reward_services": dict(sorted(counts.items()))}
+
+
 class NoCheckpoint(RuntimeError):
     """--resume latest, but the run has no complete checkpoint."""
 
@@ -85,11 +100,16 @@ class Learner:
         self.run_dir = self.root.run_dir(cfg.run)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.root.metrics_path(cfg.run)
-        token = read_secret("RLFLEET_AUTH_TOKEN")
-        self.pool = RolloutPool(redis_url=cfg.fleet.redis_url, run=cfg.run, token=token)
+        # The fleet's token (an empty one refuses to start; without one, auth must be off
+        # explicitly: RLFLEET_AUTH=none) and TLS options (RLFLEET_TLS_*, as the services);
+        # the pool checks the Redis password now (RegistryAuthError: one clear error).
+        token = fleet_token()
+        tls = client_tls_from_env()
+        self.pool = RolloutPool(redis_url=cfg.fleet.redis_url, run=cfg.run, token=token,
+                                tls=tls)
         self.publisher = AdapterPublisher(self.root, cfg.run, cfg.model.name,
                                           RpcClient(cfg.fleet.sync_address, token=token,
-                                                    timeout_s=60))
+                                                    timeout_s=60, tls=tls))
         self.state = State(cursor=SeedCursor(cfg.data.size))
         checkpoint = self._find_checkpoint(resume)
         model_dir = str(resolve_model_dir(cfg.model.profile, cfg.model.path))
@@ -303,6 +323,7 @@ class Learner:
             "solve_rate_sampled": sum(t.final_state.solved for t in trajectories) / n,
             "mean_turns": sum(len(t.turns) for t in trajectories) / n,
             "trajectories": len(trajectories),
+            **reward_fields(trajectories),
             "signal_trajectories": signal,
             "signal_total": self.state.signal_trajectories,
             "signal_per_min": 60 * self.state.signal_trajectories

@@ -1,5 +1,11 @@
 """Publishing adapter versions: write to /shared atomically, tell ckpt-sync, and (in sync
-mode) wait until enough replicas serve the version."""
+mode) wait until enough replicas serve the version.
+
+ckpt-sync answers UNAVAILABLE (or RESOURCE_EXHAUSTED) when it cannot record a version now:
+Redis unreachable, or full (maxmemory with noeviction). The version is on /shared
+already, so the announcement is retried with a growing back-off for up to
+`announce_retry_s` (each attempt logged with ckpt-sync's reason), not given up after the
+client's few quick retries."""
 
 from __future__ import annotations
 
@@ -23,6 +29,9 @@ from rlfleet.storage import (
 from rlfleet.v1 import common_pb2, sync_pb2, sync_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+# ckpt-sync could not record the version now (the registry is down or full): retry.
+RETRY_ANNOUNCE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 
 
 # A permission error on /shared (a volume mounted read-only or with the wrong owner for a
@@ -48,12 +57,15 @@ class Published:
 
 
 class AdapterPublisher:
-    def __init__(self, runs_root: RunsRoot, run: str, base_model: str, sync: RpcClient
-                 ) -> None:
+    def __init__(self, runs_root: RunsRoot, run: str, base_model: str, sync: RpcClient,
+                 *, announce_retry_s: float = 600.0, max_backoff_s: float = 10.0) -> None:
         self.root = runs_root
         self.run = run
         self.base_model = base_model
         self.sync = sync
+        self.announce_retry_s = announce_retry_s
+        self.max_backoff_s = max_backoff_s
+        self.announce_retries = 0  # Publish calls re-sent after a retryable answer
 
     def next_version(self, at_least: int) -> int:
         existing = list_versions(self.root, self.run)
@@ -77,11 +89,41 @@ class AdapterPublisher:
                 raise RuntimeError(f"cannot write adapter version {version}: {exc}") from exc
         written = time.perf_counter() - start
         announce_start = time.perf_counter()
-        self.sync.call(sync_pb2_grpc.SyncServiceStub, "Publish", sync_pb2.PublishRequest(
-            adapter=common_pb2.AdapterRef(run=self.run, version=version,
-                                          sha256=manifest.manifest_sha256)))
+        self._announce(version, manifest.manifest_sha256)
         return Published(version, manifest.manifest_sha256, written,
                          announce_s=time.perf_counter() - announce_start, stages=stages)
+
+    def _announce(self, version: int, sha256: str) -> None:
+        """Publish through ckpt-sync, retrying UNAVAILABLE / RESOURCE_EXHAUSTED (the
+        registry down or full) for up to announce_retry_s; other answers are final."""
+        request = sync_pb2.PublishRequest(adapter=common_pb2.AdapterRef(
+            run=self.run, version=version, sha256=sha256))
+        deadline = time.monotonic() + self.announce_retry_s
+        attempt = 0
+        while True:
+            try:
+                self.sync.call(sync_pb2_grpc.SyncServiceStub, "Publish", request)
+                if attempt:
+                    log.warning("adapter version announced after retries",
+                                extra={"version": version, "retries": attempt})
+                return
+            except grpc.RpcError as err:
+                code, details = err.code(), err.details()
+                if code not in RETRY_ANNOUNCE:
+                    raise
+                attempt += 1
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.error("ckpt-sync could not record the adapter version; giving up",
+                              extra={"version": version, "code": code.name,
+                                     "details": details, "attempts": attempt})
+                    raise
+                self.announce_retries += 1
+                delay = min(self.max_backoff_s, 0.5 * 2 ** (attempt - 1), left)
+                log.warning("ckpt-sync cannot record the adapter version now; retrying",
+                            extra={"version": version, "code": code.name, "details": details,
+                                   "attempt": attempt, "retry_in_s": round(delay, 2)})
+                time.sleep(delay)
 
     def wait_live(self, version: int, min_replicas: int, timeout_s: float) -> float:
         """Blocks until `min_replicas` serve `version`; the publish→live seconds."""

@@ -47,7 +47,8 @@ class PolicyTrainer:
         torch.manual_seed(cfg.seed)
         model, self.processor = load_policy(model_dir, device=cfg.model.device,
                                             dtype=torch.float32)
-        self.model = add_lora(model, lora_config(cfg.model.lora_rank, cfg.model.lora_alpha))
+        self.model = add_lora(model, lora_config(cfg.model.lora_rank, cfg.model.lora_alpha,
+                                                 modules=cfg.model.lora_modules))
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         # LoRA leaves the vision tower frozen: its outputs are computed once per frame.
         self.vision = (VisionEncoder(self.model, self.processor, max_bytes=VISION_CACHE_BYTES)
@@ -136,8 +137,10 @@ class PolicyTrainer:
                 forward(self.model, batch, logits_to_keep=1)
         return fwd_bwd, time.perf_counter() - start
 
-    def apply(self) -> float:
-        """All-reduces gradients across workers (if any), clips, steps; the grad norm."""
+    def apply(self, advance_schedule: bool = True) -> float:
+        """All-reduces gradients across workers (if any), clips, steps; the grad norm.
+        The lr schedule moves once per GRPO step (``advance_schedule`` on its last
+        update), however many updates the step makes."""
         if dist.is_available() and dist.is_initialized():
             for p in self.params:
                 if p.grad is None:
@@ -145,7 +148,8 @@ class PolicyTrainer:
                 dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip)
         self.optimizer.step()
-        self.scheduler.step()
+        if advance_schedule:
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 

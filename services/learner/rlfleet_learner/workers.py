@@ -6,6 +6,7 @@ summed before one identical optimizer step on each rank."""
 from __future__ import annotations
 
 import os
+import random
 import socket
 from collections.abc import Sequence
 from typing import Any
@@ -31,10 +32,10 @@ class TrainWorker:
         self.rank = rank
         self.trainer = PolicyTrainer(LearnerConfig.model_validate_json(cfg_json), model_dir)
 
-    def step(self, batches: list) -> tuple[dict[str, float], int, float]:
+    def step(self, batches: list, last: bool = True) -> tuple[dict[str, float], int, float]:
         totals = self.trainer.accumulate(batches)
         rows = sum(mb.size for mb in batches)
-        return totals, rows, self.trainer.apply()
+        return totals, rows, self.trainer.apply(advance_schedule=last)
 
     def adapter_files(self) -> dict[str, bytes]:
         return self.trainer.adapter_files()
@@ -72,6 +73,29 @@ def balanced_micro_batches(rows: Sequence[TrainSample], max_size: int, world: in
     return micro_batches(rows, -(-distinct // count), pad_id)
 
 
+def update_batches(rows: Sequence[TrainSample], mini_batches: int, epochs: int, *,
+                   seed: int) -> list[list[TrainSample]]:
+    """The rows of each optimizer update of a step: per epoch the step's groups in a
+    seeded random order, cut into ``mini_batches`` parts of whole groups (a trajectory's
+    rows, and a group's trajectories, always train together)."""
+    if mini_batches == 1 and epochs == 1:
+        return [list(rows)] if rows else []
+    groups: dict[object, list[TrainSample]] = {}
+    for r in rows:
+        groups.setdefault(r.group_id, []).append(r)
+    keys = list(groups)
+    rng = random.Random(seed)
+    out = []
+    for _ in range(epochs):
+        rng.shuffle(keys)
+        parts = min(mini_batches, len(keys))
+        for p in range(parts):
+            chunk = [r for k in keys[p::parts] for r in groups[k]]
+            if chunk:
+                out.append(chunk)
+    return out
+
+
 def _free_address() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -89,23 +113,38 @@ class TrainerGroup:
         self.workers = [actor.remote(cfg.model_dump_json(), model_dir, rank, world, master)
                         for rank in range(world)]
         self.micro_batch_size = cfg.grpo_config().micro_batch_size
+        self.mini_batches, self.epochs, self.seed = (cfg.optim.mini_batches, cfg.optim.epochs,
+                                                     cfg.seed)
+        self.steps_done = 0
         # Waiting on every rank's answer also waits for the process group to form.
         self.pad_id = ray.get([w.pad_id.remote() for w in self.workers])[0]
 
     def step(self, rows: Sequence[TrainSample]) -> StepResult:
-        batches = balanced_micro_batches(rows, self.micro_batch_size, len(self.workers),
-                                         self.pad_id)
-        shards = [batches[r::len(self.workers)] for r in range(len(self.workers))]
-        results = ray.get([w.step.remote(s) for w, s in zip(self.workers, shards, strict=True)])
+        """One GRPO step: ``epochs`` passes over the rows, each split into
+        ``mini_batches`` optimizer updates of whole groups."""
+        updates = update_batches(rows, self.mini_batches, self.epochs,
+                                 seed=self.seed * 1_000_003 + self.steps_done)
+        self.steps_done += 1
         totals: dict[str, float] = {}
-        n = 0
-        for stats, rows_done, _ in results:
-            n += rows_done
-            for k, v in stats.items():
-                totals[k] = totals.get(k, 0.0) + v
-        stats = {k: (v if k in _ADDITIVE else v / max(n, 1)) for k, v in totals.items()}
-        return StepResult(stats, results[0][2], rows=n,
-                          forward_rows=sum(mb.num_forward for mb in batches))
+        n, forward, norms = 0, 0, []
+        for i, chunk in enumerate(updates):
+            batches = balanced_micro_batches(chunk, self.micro_batch_size, len(self.workers),
+                                             self.pad_id)
+            forward += sum(mb.num_forward for mb in batches)
+            shards = [batches[r::len(self.workers)] for r in range(len(self.workers))]
+            last = i == len(updates) - 1
+            results = ray.get([w.step.remote(s, last)
+                               for w, s in zip(self.workers, shards, strict=True)])
+            for stats, rows_done, _ in results:
+                n += rows_done
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0.0) + v
+            norms.append(results[0][2])
+        # additive stats are per update: their mean over updates is the step's figure
+        stats = {k: (v / len(updates) if k in _ADDITIVE else v / max(n, 1))
+                 for k, v in totals.items()}
+        return StepResult(stats, sum(norms) / len(norms), rows=len(rows),
+                          forward_rows=forward // max(1, self.epochs))
 
     def bare_seconds(self, rows: Sequence[TrainSample], forward_batch: int
                      ) -> tuple[float, float]:

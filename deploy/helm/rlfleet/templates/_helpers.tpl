@@ -70,6 +70,7 @@ helm.sh/chart: {{ include "rlfleet.chart" .root }}
 {{- define "rlfleet.redisHost" -}}{{ include "rlfleet.fullname" . }}-redis{{- end -}}
 {{- define "rlfleet.redisUrl" -}}redis://{{ include "rlfleet.redisHost" . }}:6379/0{{- end -}}
 {{- define "rlfleet.rewardAddress" -}}{{ include "rlfleet.fullname" . }}-reward:50051{{- end -}}
+{{- define "rlfleet.envAddress" -}}{{ include "rlfleet.fullname" . }}-env:50051{{- end -}}
 {{- define "rlfleet.ckptsyncAddress" -}}{{ include "rlfleet.fullname" . }}-ckptsync:50053{{- end -}}
 {{- define "rlfleet.rolloutService" -}}{{ include "rlfleet.fullname" . }}-rollout-headless{{- end -}}
 
@@ -130,6 +131,8 @@ helm.sh/chart: {{ include "rlfleet.chart" .root }}
 - name: RLFLEET_RUN
   value: {{ .Values.run | quote }}
 - name: RLFLEET_ENV_ADDRESS
+  value: {{ include "rlfleet.envAddress" . | quote }}
+- name: RLFLEET_REWARD_ADDRESS
   value: {{ include "rlfleet.rewardAddress" . | quote }}
 - name: RLFLEET_SYNC_ADDRESS
   value: {{ include "rlfleet.ckptsyncAddress" . | quote }}
@@ -204,15 +207,18 @@ prometheus.io/path: /metrics
 {{/* Checks JSON Schema cannot express (cross-field). Called from every template that
      depends on them, so `helm lint`, `template` and `install` all fail the same way. */}}
 {{- define "rlfleet.validate" -}}
+{{- range $role := list "env" "reward" -}}
+{{- $v := index $.Values $role -}}
 {{- $names := list -}}
-{{- range .Values.reward.services -}}
+{{- range $v.services -}}
 {{- if has .name $names -}}
-{{- include "rlfleet.die" (printf "reward.services: the name '%s' is listed twice" .name) -}}
+{{- include "rlfleet.die" (printf "%s.services: the name '%s' is listed twice" $role .name) -}}
 {{- end -}}
 {{- $names = append $names .name -}}
 {{- end -}}
-{{- if not (has .Values.reward.selected $names) -}}
-{{- include "rlfleet.die" (printf "reward.selected: unknown reward service '%s'; reward.services lists: %s" .Values.reward.selected (join ", " $names)) -}}
+{{- if not (has $v.selected $names) -}}
+{{- include "rlfleet.die" (printf "%s.selected: unknown %s service '%s'; %s.services lists: %s" $role $role $v.selected $role (join ", " $names)) -}}
+{{- end -}}
 {{- end -}}
 {{- if .Values.rollout.autoscaling.enabled -}}
 {{- if gt (int .Values.rollout.autoscaling.minReplicas) (int .Values.rollout.autoscaling.maxReplicas) -}}
@@ -254,4 +260,169 @@ prometheus.io/path: /metrics
       app.kubernetes.io/name: {{ include "rlfleet.name" .root }}
       app.kubernetes.io/instance: {{ .root.Release.Name }}
       app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+
+{{/* The services of one contract, "env" or "reward": dict "root" $ "role" "env". Each entry
+     of <role>.services that is enabled or selected gets a Deployment and a Service
+     <release>-<role>-<name>; the stable Service <release>-<role> selects <role>.selected.
+     An entry runs `rlfleet env serve --role <role>` with its args, or its own command
+     (a reward service in a package of its own, e.g. examples/path-efficiency-reward);
+     either way it listens on 50051 (gRPC) and 9101 (metrics). */}}
+{{- define "rlfleet.contractServices" -}}
+{{- $root := .root -}}
+{{- $role := .role -}}
+{{- $v := index $root.Values $role -}}
+{{- $fullname := include "rlfleet.fullname" $root -}}
+{{- $sel := dict "root" $root "component" $role -}}
+{{- $label := printf "rlfleet.io/%s" $role -}}
+{{- range $svc := $v.services }}
+{{- if or $svc.enabled (eq $svc.name $v.selected) }}
+{{- $name := printf "%s-%s-%s" $fullname $role $svc.name }}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ $name }}
+  labels:
+    {{- include "rlfleet.labels" $sel | nindent 4 }}
+    {{ $label }}: {{ $svc.name }}
+spec:
+  replicas: {{ $svc.replicas | default 1 }}
+  selector:
+    matchLabels:
+      {{- include "rlfleet.selectorLabels" $sel | nindent 6 }}
+      {{ $label }}: {{ $svc.name }}
+  strategy:
+    type: RollingUpdate
+    rollingUpdate:
+      maxSurge: 1
+      maxUnavailable: 0
+  template:
+    metadata:
+      labels:
+        {{- include "rlfleet.labels" $sel | nindent 8 }}
+        {{ $label }}: {{ $svc.name }}
+      {{- with include "rlfleet.metricsAnnotations" (dict "root" $root "port" 9101) }}
+      annotations:
+        {{- . | nindent 8 }}
+      {{- end }}
+    spec:
+      serviceAccountName: {{ include "rlfleet.serviceAccountName" $root }}
+      automountServiceAccountToken: false
+      {{- with $root.Values.global.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      securityContext:
+        {{- toYaml $root.Values.podSecurityContext | nindent 8 }}
+      containers:
+        - name: {{ $role }}
+          image: {{ include "rlfleet.image" (dict "root" $root "image" $svc.image) | quote }}
+          imagePullPolicy: {{ include "rlfleet.pullPolicy" (dict "root" $root "image" $svc.image) }}
+          {{- if $svc.command }}
+          command:
+            {{- toYaml $svc.command | nindent 12 }}
+          {{- else }}
+          command: ["rlfleet", "env", "serve", "--role", {{ $role | quote }}, "--port", "50051", "--metrics-port", "9101"]
+          {{- end }}
+          args:
+            {{- toYaml ($svc.args | default list) | nindent 12 }}
+          env:
+            {{- include "rlfleet.commonEnv" $root | nindent 12 }}
+            - name: {{ printf "RLFLEET_%s_SERVICE" (upper $role) }}
+              value: {{ $svc.name | quote }}
+          ports:
+            - name: grpc
+              containerPort: 50051
+              protocol: TCP
+            - name: metrics
+              containerPort: 9101
+              protocol: TCP
+          readinessProbe:
+            {{- include "rlfleet.healthProbe" (dict "port" 50051) | nindent 12 }}
+            periodSeconds: 10
+            timeoutSeconds: 5
+            failureThreshold: 3
+          livenessProbe:
+            tcpSocket:
+              port: grpc
+            periodSeconds: 20
+            timeoutSeconds: 5
+            failureThreshold: 6
+          startupProbe:
+            tcpSocket:
+              port: grpc
+            periodSeconds: 5
+            failureThreshold: 60
+          resources:
+            {{- include "rlfleet.resources" (dict "resources" ($svc.resources | default dict) "gpus" 0) | nindent 12 }}
+          securityContext:
+            {{- toYaml $root.Values.containerSecurityContext | nindent 12 }}
+          volumeMounts:
+            {{- include "rlfleet.sharedMounts" $root | nindent 12 }}
+      volumes:
+        {{- include "rlfleet.sharedVolume" $root | nindent 8 }}
+      {{- with $v.nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.affinity }}
+      affinity:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+---
+# Per-service address (metrics scraping, direct calls); the fleet uses {{ $fullname }}-{{ $role }}.
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ $name }}
+  labels:
+    {{- include "rlfleet.labels" $sel | nindent 4 }}
+    {{ $label }}: {{ $svc.name }}
+    rlfleet.io/scrape: "true"
+spec:
+  type: ClusterIP
+  selector:
+    {{- include "rlfleet.selectorLabels" $sel | nindent 4 }}
+    {{ $label }}: {{ $svc.name }}
+  ports:
+    - name: grpc
+      port: 50051
+      targetPort: grpc
+      protocol: TCP
+      appProtocol: grpc
+    - name: metrics
+      port: 9101
+      targetPort: metrics
+      protocol: TCP
+      appProtocol: http
+{{- end }}
+{{- end }}
+---
+# The stable address of the selected {{ $role }} service ({{ printf "RLFLEET_%s_ADDRESS" (upper $role) }} in every pod).
+# Selecting another {{ $role }} service changes only this selector.
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ $fullname }}-{{ $role }}
+  labels:
+    {{- include "rlfleet.labels" $sel | nindent 4 }}
+  annotations:
+    {{ printf "rlfleet.io/selected-%s" $role }}: {{ $v.selected | quote }}
+spec:
+  type: ClusterIP
+  selector:
+    {{- include "rlfleet.selectorLabels" $sel | nindent 4 }}
+    {{ $label }}: {{ $v.selected }}
+  ports:
+    - name: grpc
+      port: 50051
+      targetPort: grpc
+      protocol: TCP
+      appProtocol: grpc
 {{- end -}}

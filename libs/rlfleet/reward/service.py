@@ -1,0 +1,119 @@
+"""The reward contract (`RewardService`) for any `RewardFunction`, and the process that
+serves one (`rlfleet.reward.serve` / `main`)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from pydantic import Field, create_model
+
+from rlfleet import limits
+from rlfleet.reward import Episode, RewardFunction
+from rlfleet.rpc.errors import InvalidArgument, NotFound, RpcError
+from rlfleet.rpc.server import GrpcServer
+from rlfleet.service import ServiceSettings, add_common_args, serve_forever, settings_or_exit
+from rlfleet.tasks import TaskRegistry, default_tasks
+from rlfleet.v1 import reward_pb2, reward_pb2_grpc
+
+REWARD_SERVICE = reward_pb2.DESCRIPTOR.services_by_name["RewardService"].full_name
+
+
+class ScoreFailed(RpcError):
+    """The reward function returned something that is not a score (INTERNAL)."""
+
+
+def check_batch(what: str, n: int) -> None:
+    if n == 0:
+        raise InvalidArgument(f"{what}: empty batch")
+    if n > limits.MAX_BATCH:
+        raise InvalidArgument(f"{what}: {n} items, at most {limits.MAX_BATCH} per call")
+
+
+class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
+    """Scores batches of finished episodes with one reward function, all or nothing: every
+    record is checked and replayed before any score is returned."""
+
+    def __init__(self, reward: RewardFunction, tasks: TaskRegistry | None = None) -> None:
+        self.reward = reward
+        self.tasks = tasks if tasks is not None else default_tasks()
+        scored = [t for t in self.tasks.names() if reward.supports(t)]
+        self.info = reward_pb2.RewardInfo(
+            name=reward.name, version=reward.version, components=list(reward.components),
+            tasks=scored,
+        )
+
+    def Score(self, request: reward_pb2.ScoreRequest, context: grpc.ServicerContext):  # noqa: N802
+        records = request.episodes
+        check_batch("Score", len(records))
+        for i, record in enumerate(records):
+            if len(record.actions) > limits.MAX_TURNS:
+                raise InvalidArgument(f"episode {i}: more than {limits.MAX_TURNS} actions")
+            if any(len(a.encode()) > limits.MAX_ACTION_TEXT_BYTES for a in record.actions):
+                raise InvalidArgument(
+                    f"episode {i}: an action is longer than {limits.MAX_ACTION_TEXT_BYTES} bytes"
+                )
+        scores = []
+        for i, record in enumerate(records):
+            task = self.tasks.task_of(record.task)
+            if not self.reward.supports(task.name):
+                raise NotFound(f"episode {i}: reward {self.reward.name!r} does not score task "
+                               f"{task.name!r}; it scores {list(self.info.tasks)}")
+            actions = list(record.actions)
+            replayed, steps = self.tasks.replay(record.task, actions)
+            episode = Episode(record.task, tuple(actions), record.final_state, replayed,
+                              tuple(steps))
+            try:
+                score = self.reward.score(episode).checked(f"episode {i}")
+            except (ValueError, AttributeError) as exc:
+                raise ScoreFailed(f"reward {self.reward.name!r} failed on episode {i}: {exc}"
+                                  ) from exc
+            scores.append({"reward": float(score.reward),
+                           "components": {k: float(v) for k, v in score.components.items()},
+                           "solved": bool(score.solved)})
+        return reward_pb2.ScoreResponse(scores=scores, info=self.info)
+
+    def Info(self, request, context):  # noqa: N802, ANN001, ANN201
+        return self.info
+
+
+def registration(servicer: RewardServicer):  # noqa: ANN201
+    return lambda s: reward_pb2_grpc.add_RewardServiceServicer_to_server(servicer, s) \
+        or REWARD_SERVICE
+
+
+class RewardSettings(ServiceSettings):
+    """Settings of a stand-alone reward service (`rlfleet.reward.serve` / `main`)."""
+
+    port: int = Field(50061, ge=0, le=65535)
+    metrics_port: int | None = Field(9111, ge=0, le=65535)
+
+
+def build_server(reward: RewardFunction, settings: ServiceSettings,
+                 tasks: TaskRegistry | None = None) -> GrpcServer:
+    servicer = RewardServicer(reward, tasks)
+    return GrpcServer(f"reward-{reward.name}", settings.server_config(),
+                      [registration(servicer)])
+
+
+def run(server: GrpcServer, reward: RewardFunction, settings: Any = None) -> int:
+    return serve_forever(server, f"reward service {reward.name} {reward.version}")
+
+
+def main(reward: RewardFunction, argv: Sequence[str] | None = None, *, prog: str | None = None,
+         port: int = 50061, metrics_port: int = 9111) -> int:
+    parser = argparse.ArgumentParser(
+        prog=prog, description=f"the {reward.name} {reward.version} reward service")
+    add_common_args(parser, port=port, metrics_port=metrics_port)
+    parser.add_argument("--grace-s", type=float, default=None,
+                        help="seconds calls in flight get to finish on SIGTERM")
+    args = parser.parse_args(argv)
+    model = create_model(
+        "RewardSettings", __base__=RewardSettings,
+        port=(int, Field(port, ge=0, le=65535)),
+        metrics_port=(int | None, Field(metrics_port, ge=0, le=65535)),
+    )
+    settings = settings_or_exit(model, args, f"reward {reward.name}")
+    return run(build_server(reward, settings), reward, settings)

@@ -1,0 +1,126 @@
+"""A stopped learner: SIGTERM mid-step trains and publishes nothing partial, checkpoints no
+empty step, shuts Ray down (no orphaned Ray processes) and exits 143."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlfleet.local.metrics import read_events
+from rlfleet.local.stack import LocalStack, start_stack
+from rlfleet.maze.tasks import train_seeds
+from rlfleet.storage import RunsRoot, latest_complete_checkpoint, list_versions, load_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+SFT = REPO / "checkpoints" / "tiny-sft"
+
+
+@pytest.fixture
+def stack(tmp_path: Path, procs):  # noqa: ANN201
+    s = start_stack(tmp_path, runs_root=tmp_path / "runs", run="stop", model_dir=SFT,
+                    replicas=1, group=procs)
+    yield s
+    s.close()
+
+
+def config(stack: LocalStack, tmp_path: Path, run: str) -> Path:
+    cfg = yaml.safe_load((REPO / "configs" / "local-tiny.yaml").read_text())
+    cfg.update(run=run, steps=50, calibrate_step=0)
+    cfg["model"]["path"] = str(SFT)
+    # hot sampling and long episodes: a step's rollouts take seconds, so the signal lands
+    # while the learner waits for them
+    cfg["data"].update(groups_per_step=4, group_size=8, max_turns=40, turn_margin=0,
+                       temperature=3.0)
+    cfg["eval"] = {"every": 0, "eval_seeds": 0, "heldout_seeds": 0, "at_start": False}
+    cfg["checkpoint"] = {"every": 1000}
+    cfg["ray"] = {"num_workers": 1}
+    cfg["fleet"].update(redis_url=stack.redis_url, sync_address=stack.sync_address,
+                        runs_root=str(stack.runs_root), min_replicas=1)
+    path = tmp_path / f"{run}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def start_learner(path: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "rlfleet.cli", "learner", "run",
+                             "--config", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def wait_for(events_path: Path, predicate, timeout_s: float = 300) -> list[dict]:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        events = read_events(events_path) if events_path.exists() else []
+        if predicate(events):
+            return events
+        time.sleep(0.1)
+    raise AssertionError(f"no such events in {events_path} after {timeout_s}s")
+
+
+def session_gone(pgid: int, timeout_s: float = 30) -> bool:
+    """Every process of the learner's session (its Ray workers and agents too) exited."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_sigterm_while_waiting_for_rollouts_abandons_the_step(stack: LocalStack,
+                                                               tmp_path: Path) -> None:
+    run = "abandon"
+    metrics = stack.runs_root / run / "metrics.jsonl"
+    proc = start_learner(config(stack, tmp_path, run))
+    # the initial version is live: the first step's rollouts are under way
+    wait_for(metrics, lambda ev: any(e["event"] == "start" for e in ev))
+    root = RunsRoot(stack.runs_root)
+    deadline = time.monotonic() + 120
+    while not list_versions(root, run) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 143, out
+    events = read_events(metrics)
+    kinds = [e["event"] for e in events]
+    assert "step" not in kinds  # nothing trained ...
+    assert kinds[-2:] == ["abandoned", "stopped"], kinds
+    assert list_versions(root, run) == [1]  # ... nothing published after the start
+    assert latest_complete_checkpoint(root, run) is None  # and no empty step saved
+    assert session_gone(proc.pid), "Ray processes outlived the learner"
+    assert "Traceback" not in out
+
+
+def test_sigterm_after_a_step_checkpoints_it_and_resumes_there(stack: LocalStack,
+                                                                tmp_path: Path) -> None:
+    run = "finish"
+    metrics = stack.runs_root / run / "metrics.jsonl"
+    path = config(stack, tmp_path, run)
+    proc = start_learner(path)
+    wait_for(metrics, lambda ev: any(e["event"] == "step" for e in ev), timeout_s=600)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 143, out
+    events = read_events(metrics)
+    steps = [e["step"] for e in events if e["event"] == "step"]
+    stopped = next(e for e in events if e["event"] == "stopped")
+    assert stopped["step"] == steps[-1] >= 1
+    root = RunsRoot(stack.runs_root)
+    saved = latest_complete_checkpoint(root, run)
+    assert saved is not None and saved.name == f"step_{steps[-1]:06d}"
+    # the cursor counts the groups of the trained steps, not those of the abandoned one
+    trained = len(load_checkpoint(saved).data_cursor.get("trained_ahead", []))
+    cursor = load_checkpoint(saved).data_cursor["cursor"]
+    seeds = train_seeds(0, 4 * steps[-1], 7)
+    assert cursor == seeds.next_cursor and trained == 0
+    assert session_gone(proc.pid)

@@ -1,0 +1,86 @@
+"""A checkpoint directory that is not complete gets one clear error naming every missing
+piece (docs/your-model.md); a complete one loads exactly as before."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlfleet.policy import load_policy
+from rlfleet.policy.loading import CheckpointError, check_checkpoint, checkpoint_problems
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tiny_model_dir: Path) -> Path:
+    return tiny_model_dir
+
+
+@pytest.fixture
+def copy(tiny_dir: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "ckpt"
+    shutil.copytree(tiny_dir, dst)
+    return dst
+
+
+def test_a_complete_checkpoint_has_no_problems(tiny_dir: Path) -> None:
+    assert checkpoint_problems(tiny_dir) == []
+    assert check_checkpoint(tiny_dir) == tiny_dir
+
+
+def test_a_good_checkpoint_loads_as_before(copy: Path, tiny_dir: Path) -> None:
+    a, _ = load_policy(tiny_dir)
+    b, processor = load_policy(copy)
+    assert processor.merge_size == 2
+    for (k, v), (k2, v2) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert k == k2 and torch.equal(v, v2)
+
+
+@pytest.mark.parametrize(("remove", "named"), [
+    ("model.safetensors", "weights (model.safetensors"),
+    ("tokenizer.json", "the tokenizer (tokenizer.json"),
+    ("tokenizer_config.json", "tokenizer_config.json"),
+    ("preprocessor_config.json", "preprocessor_config.json (the image processor"),
+])
+def test_each_missing_piece_is_named(copy: Path, remove: str, named: str) -> None:
+    (copy / remove).unlink()
+    with pytest.raises(CheckpointError) as err:
+        load_policy(copy)
+    assert any(m.startswith(named) for m in err.value.missing), err.value.missing
+    assert str(copy) in str(err.value) and "is not a complete Qwen3-VL checkpoint" in str(err.value)
+
+
+def test_everything_missing_is_named_at_once(copy: Path) -> None:
+    for name in ("model.safetensors", "preprocessor_config.json", "tokenizer_config.json"):
+        (copy / name).unlink()
+    problems = checkpoint_problems(copy)
+    assert len(problems) == 3
+    message = str(CheckpointError(copy, problems))
+    assert message.count("\n  - ") == 3
+
+
+def test_missing_shards_and_special_tokens(copy: Path) -> None:
+    (copy / "model.safetensors").rename(copy / "model-00001-of-00002.safetensors")
+    (copy / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    tokenizer = copy / "tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text().replace("<|image_pad|>", "<|img|>"))
+    config = copy / "tokenizer_config.json"
+    config.write_text(config.read_text().replace("<|image_pad|>", "<|img|>"))
+    problems = checkpoint_problems(copy)
+    assert "weights: 1 of the 2 files model.safetensors.index.json lists, e.g. " \
+        "model-00002-of-00002.safetensors" in problems
+    assert "Qwen's special tokens in the tokenizer: <|image_pad|>" in problems
+
+
+def test_not_a_qwen3_vl_and_not_a_directory(copy: Path, tmp_path: Path) -> None:
+    config = json.loads((copy / "config.json").read_text())
+    config["model_type"] = "llama"
+    (copy / "config.json").write_text(json.dumps(config))
+    assert "config.json: model_type is 'llama', expected 'qwen3_vl'" in checkpoint_problems(copy)
+    assert checkpoint_problems(tmp_path / "nope")[0].startswith("the directory itself")
+    with pytest.raises(FileNotFoundError):  # as before: no config.json, no directory
+        load_policy(tmp_path / "nope")
