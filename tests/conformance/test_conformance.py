@@ -18,6 +18,7 @@ Run it against any other implementation with `RLFLEET_CONFORMANCE_TARGET=HOST:PO
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -131,6 +132,33 @@ def test_cli_passes_against_both_rewards(start_env, monkeypatch) -> None:
         assert out.returncode == 0, out.stdout + out.stderr
         assert "0 failed" in out.stdout
         assert "maze_2d.oracle_solves" in out.stdout and "core.message_sizes" in out.stdout
+
+
+def test_cli_passes_against_the_example_reward_service(procs, monkeypatch) -> None:
+    """`rlfleet conformance` against the reward service written outside the library,
+    started with its own command: every check that applies passes."""
+    from rlfleet.local.procs import free_port
+
+    monkeypatch.setenv("RLFLEET_AUTH_TOKEN", TOKEN)
+    port = free_port()
+    proc = procs.start_service(
+        "path-efficiency", [sys.executable, "-m", "path_efficiency_reward", "--port",
+                            str(port), "--metrics-port", str(free_port())],
+        f"127.0.0.1:{port}", env={"PYTHONPATH": _pythonpath(EXAMPLE)})
+    out = subprocess.run(
+        [sys.executable, "-m", "rlfleet.cli", "conformance", "--target", proc.address,
+         "--json"], capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    outcomes = {r["name"]: r["outcome"] for r in json.loads(out.stdout)}  # JSON alone
+    assert " 0 failed," in out.stderr.strip().splitlines()[-1]  # the summary
+    assert "fail" not in outcomes.values(), outcomes
+    # the reward contract, core and the maze's scoring, is checked and passes
+    for name in ("core.reward_info", "core.reward_scores", "core.reward_errors",
+                 "maze_2d.reward_scores", "maze_2d_hard.reward_scores"):
+        assert outcomes[name] == "pass", (name, outcomes)
+    # a reward-only service: the env's maze checks do not apply to it
+    assert "maze_2d.oracle_solves" not in outcomes
 
 
 def test_cli_against_a_dead_address_fails_fast_with_one_line() -> None:

@@ -99,7 +99,7 @@ def test_unknown_skyrl_env_is_a_clear_error() -> None:
 
     out = subprocess.run([sys.executable, "-m", "rlfleet.cli", "env", "serve",
                           "--skyrl-env", "no-such-env"], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=300)  # a bound on a hung start, not a timing
     assert out.returncode != 0
     assert "no skyrl-gym environment 'no-such-env' is registered" in out.stderr
     assert "gsm8k" in out.stderr
@@ -132,3 +132,44 @@ def test_a_replica_plays_a_skyrl_env_not_written_by_rlfleet(start_env, start_rol
         assert all(t.logprobs[i] < 0 for i in model)
         if not t.solved:
             assert len(t.turns) == 2 and t.turns[0].feedback == "Not quite. Count again."
+
+
+def test_a_replica_plays_skyrls_own_gsm8k_env(start_env, start_rollout, tmp_path: Path,
+                                              tiny_model_dir: Path) -> None:
+    """skyrl-gym's own `gsm8k_multi_turn` (from the installed skyrl-gym package, not written
+    by rlfleet), a text environment, served by the env service and played by a real rollout
+    replica: the policy is prompted with the dataset row's chat, gets the env's own
+    feedback after a wrong turn, and the group is scored through the reward contract."""
+    from rlfleet.policy import load_processor
+
+    row = {"prompt": [{"role": "user", "content": "What is 40 + 2?"}],
+           "env_class": "gsm8k_multi_turn",
+           "reward_spec": {"method": "rule", "ground_truth": "42"},
+           "extra_info": {"max_turns": 3}}
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text(json.dumps(row) + "\n")
+    env = start_env("--skyrl-env", f"gsm8k_multi_turn={data}", name="env-gsm8k")
+    replica = start_rollout(env.address)
+    request = rollout_pb2.GroupRequest(
+        task=common_pb2.TaskSpec(task="skyrl:gsm8k_multi_turn", seed=5, max_turns=2),
+        group_size=2, idempotency_key="gsm8k-1", context="full",
+        sampling=rollout_pb2.SamplingParams(temperature=1.0, max_new_tokens=4, seed=3))
+    trajectories = list(RpcClient(replica.address, timeout_s=300).stream(
+        rollout_pb2_grpc.RolloutServiceStub, "RolloutGroup", request))
+    tokenizer = load_processor(tiny_model_dir).tokenizer
+    assert sorted(t.index for t in trajectories) == [0, 1]
+    for t in trajectories:
+        prompt = tokenizer.decode(t.token_ids[:t.prompt_tokens])
+        assert "What is 40 + 2?" in prompt and not t.images  # a text env: no picture
+        assert (t.reward_name, t.reward_version) == ("task", "1.0.0")
+        assert t.final_state.done and t.final_state.turns == len(t.turns)
+        if t.solved:  # four sampled tokens of a random tiny policy: a solve is "#### 42"
+            assert t.reward == 1.0 and "42" in t.turns[-1].text
+            continue
+        # (a well-formatted wrong answer earns skyrl-gym's small format credit)
+        assert 0.0 <= t.reward < 1.0 and len(t.turns) == 2  # capped by the spec's max_turns
+        # skyrl-gym's own words: the spec's cap is the env's max_turns, one turn was left
+        assert t.turns[0].feedback == ("Now provide only the final numeric answer in the "
+                                       "exact format: '#### ANSWER'.")
+        model = {i for turn in t.turns for i in range(turn.start, turn.end)}
+        assert {i for i, m in enumerate(t.loss_mask) if m} == model

@@ -84,3 +84,35 @@ def test_not_a_qwen3_vl_and_not_a_directory(copy: Path, tmp_path: Path) -> None:
     assert checkpoint_problems(tmp_path / "nope")[0].startswith("the directory itself")
     with pytest.raises(FileNotFoundError):  # as before: no config.json, no directory
         load_policy(tmp_path / "nope")
+
+
+def test_every_service_resolves_its_model_through_the_check(copy: Path) -> None:
+    """`resolve_model_dir` (what the rollout replica, either engine, and the learner call
+    before anything loads a model) refuses an incomplete checkpoint, naming the pieces."""
+    from rlfleet.policy import resolve_model_dir
+
+    assert resolve_model_dir("qwen3-vl-8b", model_path=copy) == copy
+    (copy / "preprocessor_config.json").unlink()
+    with pytest.raises(CheckpointError) as err:
+        resolve_model_dir("qwen3-vl-8b", model_path=copy)
+    assert [m.split(" ")[0] for m in err.value.missing] == ["preprocessor_config.json"]
+
+
+def test_a_replica_on_an_incomplete_checkpoint_exits_with_the_list(copy: Path) -> None:
+    """`rlfleet rollout serve --model DIR` with pieces missing: exit status 1 and the
+    message naming each missing piece, no traceback."""
+    import subprocess
+
+    from rlfleet.local.procs import rlfleet_argv
+
+    for name in ("model.safetensors", "tokenizer_config.json"):
+        (copy / name).unlink()
+    done = subprocess.run(
+        rlfleet_argv("rollout", "serve", "--port", "0", "--metrics-port", "0", "--model",
+                     str(copy), "--env-address", "127.0.0.1:1", "--insecure-no-auth"),
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert f"rlfleet rollout: {copy} is not a complete Qwen3-VL checkpoint" in done.stderr
+    assert "  - weights (model.safetensors" in done.stderr
+    assert "  - tokenizer_config.json" in done.stderr
+    assert "Traceback" not in done.stderr

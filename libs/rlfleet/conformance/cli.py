@@ -25,7 +25,9 @@ def _run(args: argparse.Namespace) -> int:
             print(f"{r.name:<{width}}  {r.outcome.upper():<4}  {r.detail}")
     failed = [r for r in results if r.outcome == "fail"]
     passed = sum(r.outcome == "pass" for r in results)
-    print(f"{passed} passed, {len(failed)} failed, {len(results) - passed - len(failed)} skipped")
+    # With --json, stdout is the JSON document alone (for tools); the summary goes to stderr.
+    print(f"{passed} passed, {len(failed)} failed, {len(results) - passed - len(failed)} skipped",
+          file=sys.stderr if args.json else sys.stdout)
     return 1 if failed or not passed else 0
 
 

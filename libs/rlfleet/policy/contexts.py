@@ -38,7 +38,10 @@ def turn_text(context: str, instruction: str, status: str, feedback: str) -> str
 
 
 def observation_message(png: bytes, text: str) -> dict:
-    """An OpenAI-style user message: the frame as a PNG data URL, then the text."""
+    """An OpenAI-style user message: the frame as a PNG data URL, then the text; the text
+    alone when the observation has no frame (a text task, e.g. a skyrl-gym text env)."""
+    if not png:
+        return {"role": "user", "content": [{"type": "text", "text": text}]}
     url = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
     return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
                                         {"type": "text", "text": text}]}

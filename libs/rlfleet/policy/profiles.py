@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlfleet.policy.loading import PROFILES
+from rlfleet.policy.loading import PROFILES, check_checkpoint
 from rlfleet.policy.tiny import ensure_tiny_model
 
 
@@ -23,10 +23,10 @@ def resolve_model_dir(
     if profile not in PROFILES:
         raise ValueError(f"unknown policy profile {profile!r}; expected one of {PROFILES}")
     if model_path is not None:
-        path = Path(model_path)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path}: no config.json (models are never downloaded)")
-        return path
+        # Every service resolves its model here before anything loads it (the hf engine,
+        # vLLM, the learner), so an incomplete checkpoint fails at start with one error
+        # naming each missing piece, not deep inside transformers or vLLM.
+        return check_checkpoint(model_path)
     if profile == "tiny":
         if cache_dir is None:
             raise ValueError("tiny profile needs model_path or cache_dir")

@@ -61,6 +61,7 @@ def _run(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from rlfleet.clients.rollout_pool import InsufficientCapacity
+    from rlfleet.policy.loading import CheckpointError
     from rlfleet.storage import PathOutsideRunsRoot
     from rlfleet_learner.loop import Learner, NoCheckpoint
 
@@ -102,7 +103,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         learner = Learner(cfg, resume=args.resume, stop=stop)
         summary = learner.run()
-    except (NoCheckpoint, PathOutsideRunsRoot, InsufficientCapacity, ConfigError) as exc:
+    except (NoCheckpoint, PathOutsideRunsRoot, InsufficientCapacity, ConfigError,
+            CheckpointError) as exc:
         print(f"rlfleet learner: {exc}", file=sys.stderr)
         return 2
     finally:

@@ -13,13 +13,14 @@ from rlfleet.service import add_common_args, serve_forever, settings_or_exit
 
 def _serve(args: argparse.Namespace) -> int:
     from rlfleet.config import ConfigError
+    from rlfleet.policy.loading import CheckpointError
     from rlfleet_rollout.server import build_replica
     from rlfleet_rollout.settings import RolloutSettings
 
     settings = settings_or_exit(RolloutSettings, args, "rollout")
     try:
         replica = build_replica(settings)
-    except ConfigError as exc:
+    except (ConfigError, CheckpointError) as exc:
         raise SystemExit(f"rlfleet rollout: {exc}") from None
     try:
         return serve_forever(replica.server, f"rollout replica {settings.replica_id}",

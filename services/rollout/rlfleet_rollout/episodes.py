@@ -76,7 +76,8 @@ class EpisodeBuffer:
         self.logprobs.extend([0.0] * len(enc.token_ids))
         self.loss_mask.extend([0] * len(enc.token_ids))
         self.images.extend(enc.images)
-        self.pngs.append(png)
+        if png:  # an observation of a text task has no frame
+            self.pngs.append(png)
 
     def start(self, observation: common_pb2.Observation) -> None:
         self.segment_starts.append(0)
