@@ -3,12 +3,17 @@ requests (one 144x144 image each, a LoRA adapter active), greedy and sampled.
 
     python -m bench.bench_engines
 
-vLLM runs in its own venv (scripts/setup_vllm_venv.sh) behind VLLMProcessEngine, so its
-figures include the JSON-lines hop (PNG-encoding the images): small next to generation.
+vLLM runs in its own venv (scripts/setup_vllm_venv.sh), so the bench runs under that
+venv's interpreter, both engines in one process (started from the main venv, it runs
+itself there).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +26,7 @@ from PIL import Image
 from bench.common import RESULTS, write_results
 from rlfleet.engines import GenerationRequest, SamplingConfig
 from rlfleet.engines.hf import HFEngine
-from rlfleet.engines.vllm import VLLMProcessEngine
+from rlfleet.engines.vllm import VLLMEngine, default_venv_python
 from rlfleet.policy import ensure_tiny_model, image_to_data_url, load_policy
 
 NEW_TOKENS = 32
@@ -65,6 +70,12 @@ def requests(hf: HFEngine, n: int) -> list[GenerationRequest]:
     return out
 
 
+def vllm_version() -> str:
+    import vllm
+
+    return str(vllm.__version__)
+
+
 def tokens_per_s(engine, reqs, params, repeats: int = 2) -> float:  # noqa: ANN001
     engine.generate(reqs, params, adapter="policy")  # warm-up
     best = float("inf")
@@ -78,19 +89,19 @@ def tokens_per_s(engine, reqs, params, repeats: int = 2) -> float:  # noqa: ANN0
 
 
 def main() -> None:
+    if importlib.util.find_spec("vllm") is None:  # the main venv: run under vLLM's
+        repo = str(Path(__file__).resolve().parents[1])
+        subprocess.run([str(default_venv_python()), "-m", "bench.bench_engines"], cwd=repo,
+                       env={**os.environ, "PYTHONPATH": repo}, check=True)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         tiny = ensure_tiny_model(Path(tmp) / "models")
         adapter = make_adapter(tiny, Path(tmp) / "adapter")
         hf = HFEngine(tiny)
         (RESULTS / "logs").mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        vl = VLLMProcessEngine(
-            tiny,
-            dtype="float32",
-            max_lora_rank=8,
-            kv_cache_memory_bytes=256 << 20,
-            log_path=RESULTS / "logs" / "vllm-bench.log",
-        )
+        vl = VLLMEngine(tiny, dtype="float32", max_lora_rank=8,
+                        kv_cache_memory_bytes=256 << 20)
         start_s = time.perf_counter() - started
         rows = []
         try:
@@ -123,11 +134,11 @@ def main() -> None:
         meta={
             "new_tokens": NEW_TOKENS,
             "vllm_start_s": round(start_s, 1),
-            "vllm": vl.info.get("vllm"),
+            "vllm": vllm_version(),
         },
         title="hf vs vllm engine, tiny policy, CPU",
     )
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -118,5 +118,18 @@ if [[ "$here" != "$REPO/libs/rlfleet" ]]; then
     --no-build-isolation -e "$REPO" >"$VENV.editable.log" 2>&1 \
     || { tail -n 30 "$VENV.editable.log" >&2; die "editable install of $REPO failed"; }
 fi
+# The vLLM engine's tests run under this venv's interpreter (tests/vllm, started by
+# tests/integration/test_vllm_engine.py), so it carries pytest, pinned as in
+# requirements.txt. Not part of the stamp: adding it never rebuilds the venv.
+if ! "$VENV/bin/python" -c 'import pytest, pytest_timeout' 2>/dev/null; then
+  test_specs=()
+  for name in pytest pytest-timeout; do
+    test_specs+=("$(grep -iE "^${name}==" "$REPO/requirements.txt" | head -n1 || echo "$name")")
+  done
+  log "installing the test tools (${test_specs[*]})"
+  "$VENV/bin/python" -m pip --disable-pip-version-check install -q "${test_specs[@]}" \
+    >"$VENV.test-tools.log" 2>&1 \
+    || { tail -n 30 "$VENV.test-tools.log" >&2; die "installing ${test_specs[*]} failed"; }
+fi
 smoke >/dev/null 2>&1 || die "venv at $VENV is broken: rerun with --force"
 echo "$VENV/bin/python"

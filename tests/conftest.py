@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -9,6 +10,10 @@ from pathlib import Path
 import pytest
 
 from rlfleet.local.procs import Proc, ProcessGroup, free_port, rlfleet_argv
+
+# tests/vllm run under the vllm venv's interpreter, where vLLM imports; the main venv runs
+# them there through tests/integration/test_vllm_engine.py.
+collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm"]
 
 # Tests never reach a hub: models and tokenizers are built locally.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

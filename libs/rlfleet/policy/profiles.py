@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rlfleet.policy.loading import PROFILES, check_checkpoint
 from rlfleet.policy.tiny import ensure_tiny_model
@@ -32,3 +34,78 @@ def resolve_model_dir(
             raise ValueError("tiny profile needs model_path or cache_dir")
         return ensure_tiny_model(Path(cache_dir), seed=seed)
     raise ValueError(f"profile {profile!r} needs a local model_path (e.g. /shared/models/...)")
+
+
+# -- what each profile asks of the inference engine ----------------------------------
+
+
+@dataclass(frozen=True)
+class ServingProfile:
+    """How a profile's policy is served by the vLLM engine, and the episode it must hold.
+
+    ``max_turns`` full-history turns, each one frame of ``frame_px`` square (the env's
+    render) plus at most ``turn_text_tokens`` of observation text and ``max_new_tokens``
+    generated, after a first prompt of ``prompt_text_tokens``, must fit ``max_model_len``;
+    every frame is one image of the prompt, so ``max_images_per_prompt`` is
+    ``max_turns``.
+    """
+
+    max_model_len: int
+    max_lora_rank: int
+    max_turns: int
+    frame_px: int
+    max_new_tokens: int
+    prompt_text_tokens: int = 400
+    turn_text_tokens: int = 64
+    dtype: str = "auto"
+    gpu_memory_utilization: float | None = None  # None: vLLM's CPU KV-cache default
+
+    @property
+    def max_images_per_prompt(self) -> int:
+        return self.max_turns
+
+    def episode_tokens(self, image_tokens_per_frame: int) -> int:
+        """The most tokens a full-history episode of this profile takes."""
+        per_turn = image_tokens_per_frame + 2 + self.turn_text_tokens + self.max_new_tokens
+        return self.prompt_text_tokens + self.max_turns * per_turn
+
+    def check_fits(self, image_tokens_per_frame: int) -> None:
+        """ValueError naming the numbers when ``max_model_len`` cannot hold an episode."""
+        need = self.episode_tokens(image_tokens_per_frame)
+        if need > self.max_model_len:
+            raise ValueError(
+                f"max_model_len {self.max_model_len} cannot hold {self.max_turns} turns: "
+                f"{self.prompt_text_tokens} prompt tokens + {self.max_turns} x "
+                f"({image_tokens_per_frame} image + 2 vision + {self.turn_text_tokens} text + "
+                f"{self.max_new_tokens} generated) = {need} tokens")
+
+    def vllm_kwargs(self, max_staleness: int) -> dict[str, Any]:
+        """The keyword arguments of rlfleet.engines.vllm.VLLMEngine for this profile; vLLM
+        holds the live version and those inside the staleness bound at once."""
+        kwargs: dict[str, Any] = dict(
+            dtype=self.dtype, max_model_len=self.max_model_len,
+            max_lora_rank=self.max_lora_rank, max_loras=max_staleness + 1,
+            max_images_per_prompt=self.max_images_per_prompt)
+        if self.gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
+        return kwargs
+
+
+SERVING_PROFILES: dict[str, ServingProfile] = {
+    # the tiny policy on the CPU: 7x7 mazes at 16 px per cell, LoRA up to r32
+    "tiny": ServingProfile(max_model_len=4096, max_lora_rank=32, max_turns=15, frame_px=112,
+                           max_new_tokens=16),
+    # Qwen3-VL-8B on one GPU of an ml.g7e.12xlarge (configs/qwen3-vl-8b-hyperpod.yaml):
+    # 9x9 mazes at VisGym's 25 px (225 px frames), 15 turns of full history, LoRA r32,
+    # 64 new tokens a turn; bf16 weights, 85 % of the GPU for vLLM.
+    "qwen3-vl-8b": ServingProfile(max_model_len=16384, max_lora_rank=32, max_turns=15,
+                                  frame_px=225, max_new_tokens=64,
+                                  dtype="bfloat16", gpu_memory_utilization=0.85),
+}
+
+
+def serving_profile(profile: str) -> ServingProfile:
+    if profile not in SERVING_PROFILES:
+        raise ValueError(f"unknown policy profile {profile!r}; expected one of "
+                         f"{sorted(SERVING_PROFILES)}")
+    return SERVING_PROFILES[profile]

@@ -9,7 +9,12 @@ change between the check and the load and nothing is read twice. Only a version 
 than the live one is loaded, and only once loaded does it become live; a failed load
 leaves the old one serving. Episodes hold the version they started with until they
 finish; an old adapter is unloaded when its last episode releases it (after the new one
-is acknowledged: unloading is off the publish → live path).
+is acknowledged: unloading is off the publish → live path). With a staleness bound
+(``max_staleness``, the learner's), a version older than ``live - max_staleness`` is
+unloaded as soon as a newer one is live, even while episodes hold it: the learner drops
+whatever it would still produce, and the engine keeps at most ``max_staleness + 1``
+versions (vLLM's ``max_loras`` slots). Its groups end with FAILED_PRECONDITION (the pool
+retries them on the live version); see `is_evicted`.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from rlfleet.storage import (
 )
 from rlfleet.storage.adapters import MANIFEST_FILE, VerifiedAdapter, read_verified_adapter
 from rlfleet.storage.atomic import write_file
-from rlfleet_rollout.batcher import GenerationBatcher
+from rlfleet_rollout.batcher import DirectGeneration, GenerationBatcher
 
 log = logging.getLogger(__name__)
 
@@ -83,16 +88,22 @@ class LiveAdapter:
 
 
 class AdapterManager:
-    def __init__(self, batcher: GenerationBatcher, runs_root: RunsRoot, run: str,
-                 replica_id: str, on_live: Callable[[LiveAdapter], None] | None = None) -> None:
+    def __init__(self, batcher: GenerationBatcher | DirectGeneration, runs_root: RunsRoot,
+                 run: str, replica_id: str,
+                 on_live: Callable[[LiveAdapter], None] | None = None,
+                 max_staleness: int | None = None) -> None:
+        if max_staleness is not None and max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         self.batcher = batcher
+        self.max_staleness = max_staleness
         self.runs_root = runs_root
         self.run = run
         self.replica_id = replica_id
         self.on_live = on_live
         self.current = LiveAdapter.base(run)
         self._users: dict[str | None, int] = {}
-        self._retired: set[str] = set()
+        self._retired: dict[str, int] = {}  # engine name -> version, unloaded when unused
+        self._evicted: set[str] = set()  # unloaded while in use: beyond the staleness bound
         self._cond = threading.Condition()
         self._load_lock = threading.Lock()
         self._staging = Path(tempfile.mkdtemp(prefix="rlfleet-adapters-"))
@@ -112,9 +123,19 @@ class AdapterManager:
             self._users[adapter.engine_name] = max(n, 0)
             unload = n <= 0 and adapter.engine_name in self._retired
             if unload:
-                self._retired.discard(adapter.engine_name)
+                self._retired.pop(adapter.engine_name)
+            elif n <= 0 and adapter.engine_name in self._evicted:
+                # already unloaded from the engine; its private copy can go now
+                self._evicted.discard(adapter.engine_name)
+                shutil.rmtree(self._staging / str(adapter.engine_name), ignore_errors=True)
         if unload:
             self._unload(adapter.engine_name)
+
+    def is_evicted(self, adapter: LiveAdapter) -> bool:
+        """True when ``adapter`` was unloaded while episodes held it, because a newer
+        version made it older than the staleness bound: those episodes must stop."""
+        with self._cond:
+            return adapter.engine_name in self._evicted
 
     def wait_for(self, min_version: int, timeout_s: float) -> LiveAdapter | None:
         """The live adapter once it is at least `min_version`, or None after the timeout."""
@@ -226,7 +247,8 @@ class AdapterManager:
                 self._cond.notify_all()
                 unload_now = old.engine_name is not None and not self._users.get(old.engine_name)
                 if old.engine_name is not None and not unload_now:
-                    self._retired.add(old.engine_name)
+                    self._retired[old.engine_name] = old.version
+                evict = self._beyond_staleness(adapter.version)
             ADAPTER_LOADS.labels("loaded").inc()
             ADAPTER_VERSION.labels(self.replica_id).set(adapter.version)
             lap("swap_s")
@@ -236,6 +258,8 @@ class AdapterManager:
             acked_at = time.time()
             if unload_now:
                 self._unload(old.engine_name)
+            for engine_name in evict:
+                self._unload(engine_name, keep_copy=True)  # in use: its copy goes on release
             lap("unload_old_s")
             log.info("adapter live", extra={"run": record.run, "version": record.version})
             log.info("adapter stages", extra={
@@ -261,14 +285,31 @@ class AdapterManager:
         write_file(local, MANIFEST_FILE, verified.manifest_bytes, fsync=False)
         return (lambda engine: engine.load_adapter(name, str(local))), local
 
-    def _unload(self, engine_name: str | None) -> None:
+    def _beyond_staleness(self, live_version: int) -> list[str]:
+        """Retired versions older than the bound (called under the lock): moved from
+        retired to evicted, to be unloaded now."""
+        if self.max_staleness is None:
+            return []
+        oldest = live_version - self.max_staleness
+        stale = [name for name, version in self._retired.items() if version < oldest]
+        for name in stale:
+            self._retired.pop(name)
+            self._evicted.add(name)
+        if stale:
+            log.info("versions beyond the staleness bound unloaded while in use",
+                     extra={"adapters": stale, "live": live_version,
+                            "max_staleness": self.max_staleness})
+        return stale
+
+    def _unload(self, engine_name: str | None, keep_copy: bool = False) -> None:
         if engine_name is None:
             return
         try:
             self.batcher.call(lambda engine: engine.unload_adapter(engine_name))
         except Exception as exc:  # noqa: BLE001 - a failed unload only costs memory
             log.warning("unload failed", extra={"adapter": engine_name, "error": repr(exc)})
-        shutil.rmtree(self._staging / engine_name, ignore_errors=True)
+        if not keep_copy:
+            shutil.rmtree(self._staging / engine_name, ignore_errors=True)
 
     def close(self) -> None:
         shutil.rmtree(self._staging, ignore_errors=True)

@@ -1,6 +1,13 @@
-"""One engine thread, many episodes: requests from every running group are merged into
-batches (same sampling params and adapter), so generation is batched across all the
-episodes a replica is playing, not just within a group.
+"""How group threads reach the engine.
+
+:class:`DirectGeneration` is for engines that batch continuously themselves (vLLM's
+AsyncLLM, ``engine.concurrent``): every group thread calls the engine at once, each turn
+of each episode is its own request inside the engine, and nothing of ours merges or waits.
+
+:class:`GenerationBatcher` is for engines that run one batch at a time (hf): one engine
+thread, many episodes: requests from every running group are merged into batches (same
+sampling params and adapter), so generation is batched across all the episodes a replica
+is playing, not just within a group.
 
 Each group thread submits one job per turn (its live episodes) and then steps the env, so
 groups drift out of phase and a batch started at the first arrival would hold only a few
@@ -50,6 +57,33 @@ class _Job:
 class _Call:
     fn: Callable[[Engine], Any]
     future: Future = field(default_factory=Future)
+
+
+class DirectGeneration:
+    """Hands every call straight to an engine that takes concurrent calls and batches
+    them itself (continuous batching): the group threads' turns interleave inside it."""
+
+    def __init__(self, engine: Engine) -> None:
+        if not getattr(engine, "concurrent", False):
+            raise ValueError(f"engine {engine.name!r} runs one batch at a time: use "
+                             "GenerationBatcher")
+        self.engine = engine
+
+    def generate(self, requests: list[GenerationRequest], params: SamplingConfig,
+                 adapter: str | None) -> list[Generation]:
+        start = time.perf_counter()
+        out = self.engine.generate(requests, params, adapter)
+        GENERATE_SECONDS.observe(time.perf_counter() - start)
+        BATCH_SIZE.observe(len(requests))
+        TOKENS.inc(sum(len(g.token_ids) for g in out))
+        return out
+
+    def call(self, fn: Callable[[Engine], Any]) -> Any:
+        """Runs fn(engine) now: the engine orders adapter loads against its requests."""
+        return fn(self.engine)
+
+    def close(self) -> None:
+        """Nothing of ours to stop; the engine is closed by its owner."""
 
 
 class GenerationBatcher:

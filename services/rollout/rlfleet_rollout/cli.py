@@ -99,7 +99,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        ("--redis-url", str), ("--sync-address", str), ("--runs-root", Path),
                        ("--run", str), ("--replica-id", str), ("--advertise-address", str),
                        ("--max-batch", int), ("--max-groups", int), ("--max-episodes", int),
-                       ("--adapter-wait-s", float), ("--cell-px", int),
+                       ("--adapter-wait-s", float), ("--max-staleness", int), ("--cell-px", int),
                        ("--heartbeat-s", float), ("--heartbeat-ttl-s", float)):
         serve.add_argument(flag, type=kind, default=None)
     serve.add_argument("--engine-args", type=json.loads, default=None,

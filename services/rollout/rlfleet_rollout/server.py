@@ -4,15 +4,17 @@ place in the fleet (heartbeats, adapter events, acknowledgements)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 import redis as redis_errors
+from PIL import Image
 
+from rlfleet.config import ConfigError
 from rlfleet.engines.base import Engine
 from rlfleet.policy.chat import ChatCodec
-from rlfleet.policy.loading import load_processor
-from rlfleet.policy.profiles import resolve_model_dir
+from rlfleet.policy.loading import PolicyProcessor, load_processor
+from rlfleet.policy.profiles import resolve_model_dir, serving_profile
 from rlfleet.registry import (
     AdapterRegistry,
     ReplicaInfo,
@@ -26,7 +28,7 @@ from rlfleet.rpc.server import GrpcServer
 from rlfleet.storage import RunsRoot
 from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc, sync_pb2, sync_pb2_grpc
 from rlfleet_rollout.adapters import AdapterManager, LiveAdapter
-from rlfleet_rollout.batcher import GenerationBatcher
+from rlfleet_rollout.batcher import DirectGeneration, GenerationBatcher
 from rlfleet_rollout.episodes import GroupPlayer
 from rlfleet_rollout.idempotency import GroupCache
 from rlfleet_rollout.registration import AdapterWatcher, Heartbeat
@@ -37,11 +39,23 @@ ROLLOUT_SERVICE = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full
 log = logging.getLogger(__name__)
 
 
-def make_engine(settings: RolloutSettings, model_dir: str) -> Engine:
+def make_engine(settings: RolloutSettings, model_dir: str, processor: PolicyProcessor
+                ) -> Engine:
+    """The replica's engine. vLLM's arguments come from the profile (max_model_len,
+    max_lora_rank, max_loras, images per prompt, dtype, GPU memory), then --engine-args;
+    a max_model_len that cannot hold the profile's episode fails here, naming the numbers."""
     if settings.engine == "vllm":
         from rlfleet.engines.vllm import VLLMEngine  # only inside the vLLM environment
 
-        return VLLMEngine(model_dir, **{"max_lora_rank": 64, **settings.engine_args})
+        profile = serving_profile(settings.profile)
+        kwargs = {**profile.vllm_kwargs(settings.max_staleness), **settings.engine_args}
+        frame = Image.new("RGB", (profile.frame_px, profile.frame_px))
+        try:
+            replace(profile, max_model_len=int(kwargs["max_model_len"])).check_fits(
+                processor.image_token_count(frame))
+        except ValueError as exc:
+            raise ConfigError(f"profile {settings.profile!r}: {exc}") from None
+        return VLLMEngine(model_dir, **kwargs)
     from rlfleet.engines.hf import HFEngine
 
     return HFEngine(model_dir, device=settings.device, num_threads=settings.torch_threads,
@@ -53,7 +67,7 @@ class Replica:
     settings: RolloutSettings
     server: GrpcServer
     player: GroupPlayer
-    batcher: GenerationBatcher
+    batcher: GenerationBatcher | DirectGeneration
     adapters: AdapterManager
     heartbeat: Heartbeat | None
     watcher: AdapterWatcher | None
@@ -82,13 +96,19 @@ class Replica:
         self.stop()
         self.batcher.close()
         self.adapters.close()
+        self.batcher.engine.close()
 
 
 def build_replica(settings: RolloutSettings) -> Replica:
     model_dir = str(resolve_model_dir(settings.profile, settings.model, settings.model_cache))
-    engine = make_engine(settings, model_dir)
-    codec = ChatCodec(load_processor(model_dir))
-    batcher = GenerationBatcher(engine, max_batch=settings.max_batch)
+    processor = load_processor(model_dir)
+    engine = make_engine(settings, model_dir, processor)
+    codec = ChatCodec(processor)
+    # An engine that batches continuously (vLLM) takes every group's turn as it comes;
+    # one that runs a batch at a time (hf) gets the turns merged by our batcher.
+    batcher: GenerationBatcher | DirectGeneration = (
+        DirectGeneration(engine) if getattr(engine, "concurrent", False)
+        else GenerationBatcher(engine, max_batch=settings.max_batch))
     config = settings.server_config()
     # The replica calls the env/reward service and ckpt-sync with the fleet's shared token
     # (the same one its own server requires) and its TLS settings (its certificate as the
@@ -121,7 +141,8 @@ def build_replica(settings: RolloutSettings) -> Replica:
                 log.warning("acknowledge failed", extra={"code": err.code().name})
 
     adapters = AdapterManager(batcher, RunsRoot(settings.runs_root), settings.run,
-                              settings.replica_id, on_live=on_live)
+                              settings.replica_id, on_live=on_live,
+                              max_staleness=settings.max_staleness)
     reward_address = settings.reward_address or settings.env_address
     player = GroupPlayer(
         batcher, codec,
@@ -134,7 +155,8 @@ def build_replica(settings: RolloutSettings) -> Replica:
         player, adapters, max_groups=settings.max_groups, max_episodes=settings.max_episodes,
         adapter_wait_s=settings.adapter_wait_s, cache=GroupCache(settings.idempotency_cache),
         address="", engine=settings.engine, model=model_dir)
-    batcher.expected = lambda: servicer.active_groups  # wait for every group's turn
+    if isinstance(batcher, GenerationBatcher):
+        batcher.expected = lambda: servicer.active_groups  # wait for every group's turn
     server = GrpcServer("rollout", config, [
         lambda s: rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, s)
         or ROLLOUT_SERVICE])

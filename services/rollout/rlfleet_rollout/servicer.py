@@ -9,6 +9,7 @@ import grpc
 from prometheus_client import Counter, Gauge
 
 from rlfleet import limits
+from rlfleet.engines.base import EngineError
 from rlfleet.rpc.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from rlfleet_rollout.adapters import AdapterManager
@@ -108,10 +109,26 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                     f"min_adapter_version {request.min_adapter_version}")
             adapter = self.adapters.acquire()
             try:
-                for trajectory in self.player.play(request, adapter, context.is_active,
-                                                   queued_s=time.perf_counter() - queued):
-                    TRAJECTORIES.labels(trajectory.reward_name).inc()
-                    yield trajectory
+                # A version unloaded beyond the staleness bound stops its groups at the
+                # next turn: the learner would drop what they still produce.
+                def playing() -> bool:
+                    return context.is_active() and not self.adapters.is_evicted(adapter)
+
+                streamed = 0
+                try:
+                    for trajectory in self.player.play(request, adapter, playing,
+                                                       queued_s=time.perf_counter() - queued):
+                        TRAJECTORIES.labels(trajectory.reward_name).inc()
+                        streamed += 1
+                        yield trajectory
+                except EngineError:
+                    if not self.adapters.is_evicted(adapter):
+                        raise
+                if streamed < request.group_size and self.adapters.is_evicted(adapter):
+                    raise FailedPrecondition(
+                        f"adapter version {adapter.version} was unloaded mid-group: live "
+                        f"version {self.adapters.current.version} puts it beyond the "
+                        f"staleness bound ({self.adapters.max_staleness}); retry the group")
             finally:
                 self.adapters.release(adapter)
         finally:

@@ -42,6 +42,10 @@ class RolloutSettings(ServiceSettings):
     max_groups: int = Field(16, ge=1)  # concurrent groups
     max_episodes: int = Field(64, ge=1, le=65536)  # concurrent episodes (all groups)
     adapter_wait_s: float = Field(30.0, ge=0)  # how long a group waits for min_adapter_version
+    # the learner's staleness bound: versions older than live - max_staleness are unloaded
+    # even while groups use them (they end FAILED_PRECONDITION); vLLM holds
+    # max_staleness + 1 adapters at once
+    max_staleness: int = Field(1, ge=0, le=64)
     cell_px: int = Field(0, ge=0, le=64)  # render size asked of the env; 0 = per profile
     idempotency_cache: int = Field(256, ge=1)
     env_timeout_s: float = Field(30.0, gt=0)
