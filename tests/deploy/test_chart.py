@@ -255,7 +255,10 @@ def test_rollout_and_learner_placement_on_hyperpod(render) -> None:
 
     job = r.get("RayJob", "rlfleet-learner")
     assert job["apiVersion"] == "ray.io/v1"
-    assert job["spec"]["entrypoint"] == "rlfleet learner run --config /etc/rlfleet/learner.yaml"
+    # every start (first, retry, redeploy) continues the run; failures are retried
+    assert job["spec"]["entrypoint"] == ("rlfleet learner run --config "
+                                         "/etc/rlfleet/learner.yaml --resume auto")
+    assert job["spec"]["backoffLimit"] >= 1
     head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     assert head["nodeSelector"] == {"node.kubernetes.io/instance-type": "ml.r5d.16xlarge"}
     assert "nvidia.com/gpu" not in json.dumps(head)

@@ -241,3 +241,25 @@ def test_ack_waiter_and_one_script_publish(redis_url: str) -> None:
     assert sorted(r.version for r in registry.history(RUN)) == [1, 2]
     got = [e for e in (next(events) for _ in range(20)) if e is not None]
     assert [e.version for e in got] == [2]  # only the newer one was announced
+
+
+def test_garbage_collection_spares_versions_that_checkpoints_serve(
+        tmp_path: Path, redis_url: str, start_ckptsync) -> None:
+    # Issue 11 item 1: a run's checkpoints at steps 1 and 3 were serving versions 1 and 3;
+    # a restarted attempt publishes 4..6. GC keeps the newest 2 and both pinned versions.
+    import torch
+
+    from rlfleet.storage import save_checkpoint
+
+    root = RunsRoot(tmp_path / "runs")
+    root.root.mkdir(parents=True)
+    for step, version in ((1, 1), (3, 3)):
+        save_checkpoint(root, RUN, step, adapter_state={"a": torch.zeros(2)},
+                        optimizer_state={"state": {}, "param_groups": []},
+                        data_cursor={"cursor": step, "version": version})
+    proc = start_ckptsync(redis_url, root.root, "--keep-last", "2", "--gc-delay-s", "0.5")
+    client = RpcClient(proc.address, timeout_s=10)
+    for v in range(1, 7):
+        publish_version(root, RUN, v)
+        publish(client, v)
+    assert _wait_versions(root, [1, 3, 5, 6]) == [1, 3, 5, 6]

@@ -21,3 +21,17 @@ def read_events(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             log.warning("skipping a torn line in %s", path, extra={"line": n})
     return events
+
+
+def lineage_steps(events: list[dict]) -> list[dict]:
+    """The step records of the run as it stands after its restarts: an attempt's `start`
+    (or `resumed`) event at step s drops the records of steps after s that an earlier
+    attempt wrote (its work after its last checkpoint, trained again by this attempt; all
+    of it when that attempt never checkpointed). Ordered by step."""
+    by_step: dict[int, dict] = {}
+    for e in events:
+        if e.get("event") in ("start", "resumed"):
+            by_step = {s: doc for s, doc in by_step.items() if s <= int(e["step"])}
+        elif e.get("event") == "step":
+            by_step[int(e["step"])] = e
+    return [by_step[s] for s in sorted(by_step)]

@@ -15,6 +15,7 @@ from rlfleet.storage.adapters import (
     AdapterVerificationError,
     FileEntry,
     VersionProtected,
+    checkpoint_adapter_versions,
     latest_version,
     list_versions,
     manifest_sha256,
@@ -45,6 +46,7 @@ from rlfleet.storage.paths import (
 __all__ = [
     "ADAPTER_CONFIG_FILE", "ADAPTER_WEIGHTS_FILE", "MANIFEST_FILE",
     "AdapterManifest", "AdapterVerificationError", "FileEntry", "VersionProtected",
+    "checkpoint_adapter_versions",
     "latest_version", "list_versions", "manifest_sha256", "prune_versions",
     "publish_adapter_dir", "read_manifest", "remove_version", "verify_adapter_dir",
     "DestinationExists", "StorageError", "atomic_dir", "clean_temp_dirs", "is_transient",
@@ -52,6 +54,7 @@ __all__ = [
     "Checkpoint", "CheckpointError", "RngState", "capture_rng", "is_complete_checkpoint",
     "latest_complete_checkpoint", "list_checkpoints", "load_checkpoint",
     "prune_checkpoints", "restore_rng", "save_checkpoint",
+    "has_checkpoints", "load_latest_intact_checkpoint",
     "InvalidRunName", "PathOutsideRunsRoot", "RunsRoot", "default_runs_root",
     "validate_run_name",
 ]
@@ -60,6 +63,7 @@ _CHECKPOINT_NAMES = {
     "Checkpoint", "CheckpointError", "RngState", "capture_rng", "is_complete_checkpoint",
     "latest_complete_checkpoint", "list_checkpoints", "load_checkpoint",
     "prune_checkpoints", "restore_rng", "save_checkpoint",
+    "has_checkpoints", "load_latest_intact_checkpoint",
 }
 
 

@@ -43,7 +43,10 @@ from rlfleet.storage.atomic import (
 )
 from rlfleet.storage.paths import (
     ADAPTERS_DIRNAME,
+    CHECKPOINT_COMPLETE_FILE,
+    CHECKPOINT_CURSOR_FILE,
     RunsRoot,
+    parse_step_dirname,
     parse_version_dirname,
     validate_run_name,
 )
@@ -528,6 +531,28 @@ def latest_version(runs_root: RunsRoot, run: str) -> int | None:
     """The highest published version of `run`, or None."""
     versions = list_versions(runs_root, run)
     return versions[-1] if versions else None
+
+
+def checkpoint_adapter_versions(runs_root: RunsRoot, run: str) -> set[int]:
+    """The adapter versions that `run`'s complete checkpoints were serving when saved
+    (the `version` of their data cursor): garbage collection spares them, so every
+    checkpoint keeps the published, servable form of its policy. Unreadable cursors are
+    skipped (the checkpoint itself is then unusable for a resume too)."""
+    try:
+        entries = list(os.scandir(runs_root.checkpoints_root(run)))
+    except FileNotFoundError:
+        return set()
+    versions: set[int] = set()
+    for e in entries:
+        if parse_step_dirname(e.name) is None or \
+                not os.path.isfile(os.path.join(e.path, CHECKPOINT_COMPLETE_FILE)):
+            continue
+        try:
+            with open(os.path.join(e.path, CHECKPOINT_CURSOR_FILE), "rb") as f:
+                versions.add(int(json.loads(f.read(MAX_MANIFEST_BYTES))["version"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return versions
 
 
 def remove_version(

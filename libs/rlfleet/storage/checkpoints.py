@@ -34,7 +34,12 @@ from rlfleet.storage.atomic import (
     remove_dir_atomic,
     write_file,
 )
-from rlfleet.storage.paths import RunsRoot, parse_step_dirname
+from rlfleet.storage.paths import (
+    CHECKPOINT_COMPLETE_FILE,
+    CHECKPOINT_CURSOR_FILE,
+    RunsRoot,
+    parse_step_dirname,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +47,9 @@ ADAPTER_FILE = "adapter_model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
 RNG_FILE = "rng.json"
-DATA_CURSOR_FILE = "data_cursor.json"
+DATA_CURSOR_FILE = CHECKPOINT_CURSOR_FILE
 STATE_FILE = "state.json"
-COMPLETE_FILE = "COMPLETE"
+COMPLETE_FILE = CHECKPOINT_COMPLETE_FILE
 CHECKPOINT_FORMAT_VERSION = 1
 _FIXED_METADATA = {"format": "pt"}  # no timestamps: identical state -> identical bytes
 _CHUNK = 1 << 20
@@ -354,3 +359,60 @@ def prune_checkpoints(
     for s in doomed:
         remove_dir_atomic(runs_root.checkpoint_dir(run, s))
     return doomed
+
+
+# -- resuming ---------------------------------------------------------------------------
+
+DAMAGED_PREFIX = "damaged-"  # a checkpoint set aside: kept for inspection, never loaded
+
+
+def set_aside_damaged(path: Path) -> Path:
+    """Renames a damaged checkpoint dir to `damaged-step_<n>-<unix>` next to it, so the
+    step can be checkpointed again (a resumed run reaches it again) and the bytes stay
+    for inspection. Returns the new path."""
+    path = Path(path)
+    aside = path.parent / f"{DAMAGED_PREFIX}{path.name}-{int(time.time())}"
+    os.rename(path, aside)
+    fsync_dir(path.parent)
+    return aside
+
+
+def load_latest_intact_checkpoint(runs_root: RunsRoot, run: str) -> Checkpoint | None:
+    """The newest complete checkpoint of `run` whose files match their sha256s and load.
+    A damaged newer one (a truncated optimizer.pt, a flipped byte) is set aside with a
+    warning naming it and the one used instead. None when the run has no checkpoint;
+    CheckpointError when it has some but every one is damaged."""
+    steps = list_checkpoints(runs_root, run)
+    damaged: list[str] = []
+    for step in reversed(steps):
+        path = runs_root.checkpoint_dir(run, step)
+        try:
+            ckpt = load_checkpoint(path)
+        except (CheckpointError, OSError, RuntimeError, EOFError, ValueError) as exc:
+            aside = set_aside_damaged(path)
+            damaged.append(path.name)
+            log.warning("checkpoint %s is damaged (%s); set it aside as %s and trying the "
+                        "next older one", path.name, exc, aside.name,
+                        extra={"run": run, "step": step})
+            continue
+        if damaged:
+            log.warning("resuming from %s, the newest intact checkpoint (damaged: %s)",
+                        path.name, ", ".join(damaged), extra={"run": run, "step": step})
+        return ckpt
+    if damaged:
+        raise CheckpointError(f"every checkpoint of run {run!r} is damaged "
+                              f"({', '.join(damaged)}; set aside under "
+                              f"{runs_root.checkpoints_root(run)})")
+    return None
+
+
+def has_checkpoints(runs_root: RunsRoot, run: str) -> bool:
+    """Whether `run` has any checkpoint, complete, incomplete or set aside as damaged: a
+    run that has trained before (a fresh start over it would mix two attempts)."""
+    try:
+        names = os.listdir(runs_root.checkpoints_root(run))
+    except FileNotFoundError:
+        return False
+    return any(parse_step_dirname(n) is not None or n.startswith(DAMAGED_PREFIX)
+               for n in names)
+

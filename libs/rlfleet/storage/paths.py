@@ -26,6 +26,10 @@ MAX_PATH_BYTES = 4096  # PATH_MAX
 ADAPTERS_DIRNAME = "adapters"
 CHECKPOINTS_DIRNAME = "checkpoints"
 EVAL_DIRNAME = "eval"
+# in a checkpoint dir: the marker written last, and the data cursor (with the adapter
+# version served at that step); named here because ckpt-sync reads them without torch
+CHECKPOINT_COMPLETE_FILE = "COMPLETE"
+CHECKPOINT_CURSOR_FILE = "data_cursor.json"
 METRICS_FILENAME = "metrics.jsonl"
 
 

@@ -24,6 +24,7 @@ from rlfleet.storage import (
     PathOutsideRunsRoot,
     RunsRoot,
     VersionProtected,
+    checkpoint_adapter_versions,
     latest_version,
     list_versions,
     manifest_sha256,
@@ -258,13 +259,14 @@ class SyncState:
 
     def collect_garbage(self, run: str) -> list[int]:
         """Removes versions that no live replica serves, that are not among the newest
-        `keep_last`, and not newer than the oldest version a replica still serves.
-        (Training checkpoints keep their own copy of the adapter, so they pin nothing.)"""
+        `keep_last`, and that no complete training checkpoint of the run was serving when
+        it was saved (a resume continues from that policy; /shared decides, not Redis)."""
         versions = list_versions(self.runs_root, run)
         if len(versions) <= self.keep_last:
             return []
         serving = {r.adapter_version for r in self.replicas.live() if r.run == run}
-        keep = set(versions[-self.keep_last:]) | serving
+        keep = set(versions[-self.keep_last:]) | serving | \
+            checkpoint_adapter_versions(self.runs_root, run)
         removed = []
         for version in versions:
             if version in keep:

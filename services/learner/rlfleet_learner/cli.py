@@ -63,7 +63,8 @@ def _run(args: argparse.Namespace) -> int:
     from rlfleet.clients.rollout_pool import InsufficientCapacity
     from rlfleet.policy.loading import CheckpointError
     from rlfleet.storage import PathOutsideRunsRoot
-    from rlfleet_learner.loop import Learner, NoCheckpoint
+    from rlfleet.storage.checkpoints import CheckpointError as DamagedCheckpoint
+    from rlfleet_learner.loop import FreshStartRefused, Learner, NoCheckpoint
 
     try:
         cfg = learner_config(args.config, os.environ, steps=args.steps, run=args.run)
@@ -104,7 +105,7 @@ def _run(args: argparse.Namespace) -> int:
         learner = Learner(cfg, resume=args.resume, stop=stop)
         summary = learner.run()
     except (NoCheckpoint, PathOutsideRunsRoot, InsufficientCapacity, ConfigError,
-            CheckpointError) as exc:
+            CheckpointError, FreshStartRefused, DamagedCheckpoint) as exc:
         print(f"rlfleet learner: {exc}", file=sys.stderr)
         return 2
     finally:
@@ -123,9 +124,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     run = p_sub.add_parser("run", help="train")
     run.add_argument("--config", required=True, help="learner YAML (see configs/)")
     run.add_argument("--resume", default="none",
-                     help="none (fresh), latest (newest complete checkpoint; error if none), "
-                          "auto (latest if any, else fresh), or a checkpoint path under the "
-                          "runs root")
+                     help="none (fresh; refused over a run that has checkpoints), latest "
+                          "(newest intact checkpoint; error if none), auto (latest if any, "
+                          "else fresh: what a deployment uses), or a checkpoint path under "
+                          "the runs root")
     run.add_argument("--steps", type=int, default=None)
     run.add_argument("--run", default=None, help="run name (overrides the config)")
     run.add_argument("--metrics-port", type=int, default=None)

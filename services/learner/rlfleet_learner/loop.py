@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from prometheus_client import Gauge, Histogram
 
@@ -30,14 +29,17 @@ from rlfleet.policy.loading import load_processor
 from rlfleet.policy.profiles import resolve_model_dir
 from rlfleet.rpc.client import RpcClient, client_tls_from_env
 from rlfleet.storage import (
+    Checkpoint,
     RunsRoot,
     capture_rng,
-    latest_complete_checkpoint,
+    has_checkpoints,
     load_checkpoint,
+    load_latest_intact_checkpoint,
     prune_checkpoints,
     restore_rng,
     save_checkpoint,
 )
+from rlfleet.storage.jsonl import append_json_line
 from rlfleet.v1 import rollout_pb2
 from rlfleet_learner.config import LearnerConfig
 from rlfleet_learner.cursor import SeedCursor
@@ -80,6 +82,11 @@ class NoCheckpoint(RuntimeError):
     """--resume latest, but the run has no complete checkpoint."""
 
 
+class FreshStartRefused(RuntimeError):
+    """--resume none over a run that has checkpoints: the two attempts would mix (steps
+    counted again from 0, versions published from the starting weights, metrics twice)."""
+
+
 @dataclass
 class State:
     step: int = 0
@@ -120,21 +127,35 @@ class Learner:
 
     # -- checkpoints -----------------------------------------------------------------
 
-    def _find_checkpoint(self, resume: str) -> Path | None:
+    def _find_checkpoint(self, resume: str) -> Checkpoint | None:
+        """The checkpoint to continue from. `none` over a run with checkpoints refuses
+        (FreshStartRefused); `latest`/`auto` take the newest intact one, setting damaged
+        newer ones aside (CheckpointError when every one is damaged)."""
+        run = self.cfg.run
         if resume == "none":
+            if has_checkpoints(self.root, run):
+                raise FreshStartRefused(
+                    f"run {run!r} already has checkpoints under "
+                    f"{self.root.checkpoints_root(run)}: a fresh start would train it again "
+                    "from step 0 and mix the two attempts. Use --resume auto (or latest) to "
+                    "continue it, or start a run of another name")
             return None
         if resume in ("latest", "auto"):
-            path = latest_complete_checkpoint(self.root, self.cfg.run)
-            if path is None and resume == "latest":
+            ckpt = load_latest_intact_checkpoint(self.root, run)
+            if ckpt is None and resume == "latest":
                 raise NoCheckpoint(
-                    f"run {self.cfg.run!r} has no complete checkpoint under {self.run_dir}; "
-                    "use --resume none (or auto) to start fresh")
-            return path
-        path = self.root.resolve(resume)
-        return path
+                    f"run {run!r} has no complete checkpoint under {self.run_dir}; "
+                    "use --resume auto to start fresh when there is none")
+            if ckpt is None and has_checkpoints(self.root, run):
+                raise FreshStartRefused(
+                    f"run {run!r} has no complete checkpoint, but has checkpoint "
+                    f"directories under {self.root.checkpoints_root(run)}; not starting "
+                    "it over")
+            return ckpt
+        return load_checkpoint(self.root.resolve(resume))
 
-    def _restore(self, path: Path) -> None:
-        ckpt = load_checkpoint(path)
+    def _restore(self, ckpt: Checkpoint) -> None:
+        path = ckpt.path
         self.trainers.load_state({"adapter": ckpt.adapter_state,
                                   "optimizer": ckpt.optimizer_state,
                                   "scheduler": ckpt.scheduler_state})
@@ -164,8 +185,7 @@ class Learner:
 
     def _event(self, kind: str, **fields: object) -> dict:
         doc = {"event": kind, "time": round(time.time(), 3), **fields}
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(doc) + "\n")
+        append_json_line(self.metrics_path, doc)  # whole lines only, even on a full disk
         return doc
 
     # -- publishing ------------------------------------------------------------------
@@ -323,6 +343,7 @@ class Learner:
             "solve_rate_sampled": sum(t.final_state.solved for t in trajectories) / n,
             "mean_turns": sum(len(t.turns) for t in trajectories) / n,
             "trajectories": len(trajectories),
+            "seeds": [request.task.seed for request, _ in groups],  # trained exactly once
             **reward_fields(trajectories),
             "signal_trajectories": signal,
             "signal_total": self.state.signal_trajectories,
