@@ -100,3 +100,33 @@ def test_make_images_builds_all_four() -> None:
             f"-f services/{s}/Dockerfile -t "
             f"123456789012.dkr.ecr.us-west-2.amazonaws.com/rlfleet-{s}:t1"
         ) in out.stdout
+
+
+def test_the_example_reward_service_has_an_image_of_its_own() -> None:
+    """examples/path-efficiency-reward/Containerfile: built on the rlfleet env image (the
+    library, the maze, the server bootstrap), non-root, what it copies is in its own build
+    context, and the image, command and ports are those the chart's values entry runs."""
+    import tomllib
+
+    import yaml
+
+    example = ROOT / "examples" / "path-efficiency-reward"
+    text = (example / "Containerfile").read_text()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    args = dict(re.match(r"ARG (\w+)=(\S+)", ln).groups() for ln in lines if ln.startswith("ARG "))
+    final = [ln.split()[1] for ln in lines if ln.startswith("FROM ")][-1]
+    assert args.get(final.strip("${}"), final).startswith("rlfleet-env:")
+    assert [ln.split()[1] for ln in lines if ln.startswith("USER ")][-1] == "10001:10001"
+    for ln in lines:
+        if ln.startswith("COPY "):
+            for src in [p for p in ln.split()[1:] if not p.startswith("--")][:-1]:
+                assert (example / src).exists(), f"COPY {src}: not in the example's context"
+    assert '"rlfleet", "health", "127.0.0.1:50051"' in text
+    project = tomllib.loads((example / "pyproject.toml").read_text())["project"]
+    values = yaml.safe_load((ROOT / "deploy" / "helm" / "rlfleet" / "values.yaml").read_text())
+    entry = next(s for s in values["reward"]["services"] if s["name"] == "path-efficiency")
+    assert entry["image"] == {"repository": project["name"], "tag": project["version"]}
+    assert 'ENTRYPOINT ["path-efficiency-reward"]' in text
+    assert entry["command"][0] in project["scripts"]
+    assert entry["command"][1:] == ["--port", "50051", "--metrics-port", "9101"]
+    assert "EXPOSE 50051 9101" in text
