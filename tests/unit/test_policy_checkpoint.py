@@ -116,3 +116,25 @@ def test_a_replica_on_an_incomplete_checkpoint_exits_with_the_list(copy: Path) -
     assert "  - weights (model.safetensors" in done.stderr
     assert "  - tokenizer_config.json" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_class_and_the_chat_template_the_code_takes_from_the_checkpoint(copy: Path) -> None:
+    """The model class comes from config.json's `architectures` and the chat from the
+    checkpoint's own template: a checkpoint without either is refused up front."""
+    config = json.loads((copy / "config.json").read_text())
+    config["architectures"] = ["LlamaForCausalLM"]
+    (copy / "config.json").write_text(json.dumps(config))
+    (copy / "chat_template.jinja").unlink()
+    tokenizer_config = json.loads((copy / "tokenizer_config.json").read_text())
+    tokenizer_config.pop("chat_template", None)
+    (copy / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    problems = checkpoint_problems(copy)
+    assert "config.json: architectures is ['LlamaForCausalLM'], expected a list naming one " \
+        "of ['Qwen3VLForConditionalGeneration']" in problems
+    assert "the chat template (chat_template.jinja, or chat_template in " \
+        "tokenizer_config.json)" in problems
+    assert len(problems) == 2
+    # a template kept in tokenizer_config.json (the older layout) is as good as the file
+    tokenizer_config["chat_template"] = "{{ messages }}"
+    (copy / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    assert not any(p.startswith("the chat template") for p in checkpoint_problems(copy))

@@ -93,11 +93,13 @@ def checkpoint_problems(path: str | Path) -> list[str]:
     for a complete one. Reads file names and small JSON files only (never the weights).
 
     A checkpoint is a Hugging Face Qwen3-VL model directory: ``config.json`` with
-    ``model_type: qwen3_vl``; the weights (``model.safetensors``, or the shards an
+    ``model_type: qwen3_vl`` and a class of `SUPPORTED_ARCHITECTURES` in
+    ``architectures``; the weights (``model.safetensors``, or the shards an
     ``*.index.json`` lists, every one present); a tokenizer (``tokenizer.json``, or
     ``vocab.json`` + ``merges.txt``) and ``tokenizer_config.json``, with Qwen's special
-    tokens (`QWEN_SPECIAL_TOKENS`); and ``preprocessor_config.json`` (the image
-    processor: patch and merge size)."""
+    tokens (`QWEN_SPECIAL_TOKENS`); the chat template (``chat_template.jinja`` or in
+    ``tokenizer_config.json``); and ``preprocessor_config.json`` (the image processor:
+    patch and merge size)."""
     path = Path(path)
     if not path.is_dir():
         return [f"the directory itself ({path} does not exist or is not a directory)"]
@@ -110,6 +112,12 @@ def checkpoint_problems(path: str | Path) -> list[str]:
         if config is not None and config.get("model_type") != "qwen3_vl":
             problems.append(f"config.json: model_type is {config.get('model_type')!r}, "
                             "expected 'qwen3_vl'")
+        # `model_class` picks the class from here (as AutoModel does)
+        architectures = (config or {}).get("architectures")
+        if config is not None and not (isinstance(architectures, list) and any(
+                a in SUPPORTED_ARCHITECTURES for a in architectures)):
+            problems.append(f"config.json: architectures is {architectures!r}, expected a "
+                            f"list naming one of {list(SUPPORTED_ARCHITECTURES)}")
     index = next((path / i for i in _WEIGHT_INDEXES if (path / i).is_file()), None)
     if index is not None:
         data = _read_json(index, problems)
@@ -137,6 +145,13 @@ def checkpoint_problems(path: str | Path) -> list[str]:
         absent = [t for t in QWEN_SPECIAL_TOKENS if t not in text]
         if absent:
             problems.append("Qwen's special tokens in the tokenizer: " + ", ".join(absent))
+        # The chat is encoded with the checkpoint's own template (rlfleet.policy.chat),
+        # which the tokenizer loads from one of these two places.
+        tokenizer_config = _read_json(path / "tokenizer_config.json", problems) or {}
+        if not (path / "chat_template.jinja").is_file() and \
+                not tokenizer_config.get("chat_template"):
+            problems.append("the chat template (chat_template.jinja, or chat_template in "
+                            "tokenizer_config.json)")
     preprocessor = path / "preprocessor_config.json"
     if not preprocessor.is_file():
         problems.append("preprocessor_config.json (the image processor: patch_size, "
