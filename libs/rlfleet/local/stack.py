@@ -11,7 +11,7 @@ this process's environment unless it says otherwise."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,10 +117,11 @@ class LocalStack:
 def start_stack(work_dir: Path, *, runs_root: Path, run: str, model_dir: Path,
                 replicas: int = 2, reward: str = "task", log=print,  # noqa: ANN001
                 group: ProcessGroup | None = None, token: str | None = None,
-                separate_reward: bool = False) -> LocalStack:
+                separate_reward: bool = False, env_args: Sequence[str] = ()) -> LocalStack:
     """The fleet; with `separate_reward` the env (`--role env`) and the reward service
     (`--role reward`) are two processes at two addresses, as in the chart, so the reward
-    can be swapped (`LocalStack.swap_reward`) without touching the env."""
+    can be swapped (`LocalStack.swap_reward`) without touching the env. `env_args` go to
+    `rlfleet env serve` (e.g. ``--skyrl-env ENV_ID=DATA`` for a SkyRL environment)."""
     token = token or fleet_token("none")  # the environment's token, if it has one
     if token is None:
         os.environ.setdefault("RLFLEET_AUTH", "none")  # explicit, for the learner too
@@ -136,7 +137,7 @@ def start_stack(work_dir: Path, *, runs_root: Path, run: str, model_dir: Path,
             else f"starting env/reward service (reward: {reward})")
         stack.env = group.start_service(
             "env", rlfleet_argv("env", "serve", "--port", str(port), "--metrics-port",
-                                str(free_port()), *roles), f"127.0.0.1:{port}",
+                                str(free_port()), *roles, *env_args), f"127.0.0.1:{port}",
             env=stack.service_env)
         if separate_reward:
             log(f"starting reward service ({reward})")

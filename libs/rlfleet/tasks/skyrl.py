@@ -156,11 +156,13 @@ class SkyRLTask(Task):
     def open(self, spec: Any) -> SkyRLEpisode:
         import skyrl_gym
 
-        # render options are ignored (the env draws its own pictures): replicas ask every
-        # task for their profile's cell size
-        if spec.HasField("layout") or spec.size or spec.action_format:
-            raise ValueError("a SkyRL task takes seed and max_turns only (no size, layout "
-                             "or action_format)")
+        # Ignored, as settings a generic client sends for every task: render options (the
+        # env draws its own pictures; replicas ask every task for their profile's cell
+        # size), and the learner's size and turn_margin (its data config always has them).
+        # A layout or an action format would change what is played: refused.
+        if spec.HasField("layout") or spec.action_format:
+            raise ValueError("a SkyRL task takes seed and max_turns only (no layout or "
+                             "action_format; size, turn_margin and render are ignored)")
         # Without a dataset the env makes its own task; the seed is its only input.
         row = dict(self.dataset[spec.seed % len(self.dataset)]) if self.dataset else \
             {"extra_info": {"seed": spec.seed}}
