@@ -33,8 +33,20 @@ class ModelConfig(_Strict):
 
         language_modules(value)  # raises, naming the modules LoRA can target
         return value
-    device: str = "cpu"
+    # "cpu", or "cuda": each rank uses the GPU Ray gives it (ray.num_gpus_per_worker)
+    device: Literal["cpu", "cuda"] = "cpu"
+    # the weights' dtype; auto: bfloat16 on cuda, float32 on cpu (exact CPU work)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # recompute each decoder layer's activations in the backward (non-reentrant): the
+    # memory of full-history 8B sequences for about a third more compute
+    gradient_checkpointing: bool = False
     torch_threads: int | None = Field(1, ge=1)
+
+    def torch_dtype(self) -> str:
+        """The dtype the trainer loads the weights in (a torch dtype's name)."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if self.device == "cuda" else "float32"
 
 
 class DataConfig(_Strict):
@@ -105,7 +117,15 @@ class FleetConfig(_Strict):
 
 class RayConfig(_Strict):
     address: str | None = None  # None: RAY_ADDRESS or a local Ray
-    num_workers: int = Field(1, ge=1)  # data-parallel trainers (torch.distributed, gloo)
+    # data-parallel trainers (torch.distributed: NCCL on cuda, gloo on cpu)
+    num_workers: int = Field(1, ge=1)
+    # the GPUs each trainer rank asks Ray for (0 on CPU; a fake GPU resource works too)
+    num_gpus_per_worker: float = Field(0, ge=0, le=8)
+    # how long the start waits for the cluster to show the GPUs the ranks ask for
+    # (KubeRay's GPU workers may join after the driver starts); then a clear error
+    resources_timeout_s: float = Field(300, ge=0)
+    # gradients are summed across ranks in flat buckets of at most this size
+    bucket_mb: float = Field(25, gt=0)
     object_store_mb: int = Field(256, ge=64)
 
 
@@ -132,7 +152,20 @@ class LearnerConfig(_Strict):
         self.grpo_config()  # validates the GRPO fields with their own messages
         if self.deterministic and self.mode != "sync":
             raise ValueError("deterministic runs need mode: sync")
+        self._check_device()
         return self
+
+    def _check_device(self) -> None:
+        """What the config asks of the hardware, checked before anything starts (the
+        worker checks its own device again: rlfleet_learner.devices)."""
+        m, r = self.model, self.ray
+        if m.device == "cuda" and r.num_gpus_per_worker < 1:
+            raise ValueError(
+                f"model.device is cuda but ray.num_gpus_per_worker={r.num_gpus_per_worker:g}:"
+                " each trainer rank needs at least 1 GPU from Ray (set it to 1)")
+        if m.device == "cpu" and m.torch_dtype() == "float16":
+            raise ValueError("model.dtype float16 on device cpu: CPUs train in float32 or "
+                             "bfloat16 (float16 is for GPUs)")
 
     def grpo_config(self) -> GRPOConfig:
         fields = {"temperature": self.data.temperature, **self.grpo}

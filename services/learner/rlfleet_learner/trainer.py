@@ -2,9 +2,13 @@
 optimizer and schedule, and one GRPO update over a step's rows.
 
 Data parallelism: with a process group initialised, each worker computes the gradients of
-its share of the micro-batches and the LoRA gradients are summed with all-reduce before
-the optimizer step. Losses use whole-step denominators, so the sum over every worker's
-micro-batches is exactly the one-worker gradient (the same update, up to float rounding).
+its share of the micro-batches and the LoRA gradients are summed with all-reduce (in flat
+buckets) before the optimizer step. Losses use whole-step denominators, so the sum over
+every worker's micro-batches is exactly the one-worker gradient (the same update, up to
+float rounding).
+
+The weights load in the config's dtype (bfloat16 on GPUs); PEFT keeps the LoRA weights,
+their gradients and the optimizer state in float32.
 """
 
 from __future__ import annotations
@@ -14,14 +18,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
-from rlfleet.grpo import GRPOConfig, MicroBatch, TrainSample, grpo_loss, make_micro_batches
-from rlfleet.policy import load_policy, sequence_logprobs
+from rlfleet.grpo import GRPOConfig, MicroBatch, TrainSample, make_micro_batches
+from rlfleet.policy import load_policy
 from rlfleet.policy.lora import adapter_files, add_lora, lora_config
 from rlfleet.policy.vision import VisionEncoder, vision_is_frozen
+from rlfleet_learner import distributed
+from rlfleet_learner.checkpointing import enable_activation_checkpointing
 from rlfleet_learner.config import LearnerConfig
 from rlfleet_learner.samples import row_key
+from rlfleet_learner.update import backward_micro_batch, unpadded_rows
 
 # The frames of one step (a few hundred distinct ones on the tiny profile); older steps'
 # mazes never come back, so the cache only needs to hold a step.
@@ -37,7 +43,8 @@ class StepResult:
 
 
 class PolicyTrainer:
-    def __init__(self, cfg: LearnerConfig, model_dir: str) -> None:
+    def __init__(self, cfg: LearnerConfig, model_dir: str,
+                 device: torch.device | str | None = None) -> None:
         self.cfg = cfg
         self.grpo: GRPOConfig = cfg.grpo_config()
         if cfg.model.torch_threads:
@@ -45,10 +52,14 @@ class PolicyTrainer:
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True)
         torch.manual_seed(cfg.seed)
-        model, self.processor = load_policy(model_dir, device=cfg.model.device,
-                                            dtype=torch.float32)
+        model, self.processor = load_policy(
+            model_dir, device=device if device is not None else cfg.model.device,
+            dtype=getattr(torch, cfg.model.torch_dtype()))
         self.model = add_lora(model, lora_config(cfg.model.lora_rank, cfg.model.lora_alpha,
                                                  modules=cfg.model.lora_modules))
+        if cfg.model.gradient_checkpointing:
+            enable_activation_checkpointing(self.model)
+        self.bucket_bytes = int(cfg.ray.bucket_mb * (1 << 20))
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         # LoRA leaves the vision tower frozen: its outputs are computed once per frame.
         self.vision = (VisionEncoder(self.model, self.processor, max_bytes=VISION_CACHE_BYTES)
@@ -73,29 +84,13 @@ class PolicyTrainer:
     def micro_batches(self, rows: Sequence[TrainSample]) -> list[MicroBatch]:
         return micro_batches(rows, self.grpo.micro_batch_size, self.pad_id)
 
-    def _logprobs(self, mb: MicroBatch) -> torch.Tensor:
-        """Current-policy logprobs of every row of ``mb``, computed once per distinct
-        sequence (``forward_rows``) and at the loss positions only."""
-        rows = list(mb.forward_rows)
-        seqs = [list(map(int, r)) for r in _rows(mb, rows)]
-        images = [mb.extras[r]["images"] for r in rows]
-        logp = sequence_logprobs(self.model, self.processor, seqs, images,
-                                 temperature=self.grpo.temperature,
-                                 score_mask=mb.loss_mask[rows], vision=self.vision)
-        return logp[mb.inverse.to(logp.device)]
-
     def accumulate(self, batches: Sequence[MicroBatch]) -> dict[str, float]:
         """Backward over `batches` (gradients accumulate); returns summed loss stats."""
         self.model.train()
         totals: dict[str, float] = {}
         for mb in batches:
-            logp = self._logprobs(mb)
-            logp_ref = None
-            if self.grpo.kl_coef > 0:
-                with torch.no_grad(), self.model.disable_adapter():
-                    logp_ref = self._logprobs(mb)
-            loss, stats = grpo_loss(logp, mb, self.grpo, logp_ref)
-            loss.backward()
+            stats = backward_micro_batch(self.model, self.processor, mb, self.grpo,
+                                         self.vision)
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + float(value) * (
                     1.0 if key in _ADDITIVE else mb.size)
@@ -115,8 +110,9 @@ class PolicyTrainer:
 
         self.model.train()
         rows = [(seq, [as_image(i) for i in mb.extras[r]["images"]])
-                for mb in batches for r, seq in zip(range(mb.size), _rows(mb, range(mb.size)),
-                                                     strict=True)]
+                for mb in batches
+                for r, seq in zip(range(mb.size), unpadded_rows(mb, range(mb.size)),
+                                  strict=True)]
         device = next(self.model.parameters()).device
 
         def batched(size: int) -> list:
@@ -141,11 +137,8 @@ class PolicyTrainer:
         """All-reduces gradients across workers (if any), clips, steps; the grad norm.
         The lr schedule moves once per GRPO step (``advance_schedule`` on its last
         update), however many updates the step makes."""
-        if dist.is_available() and dist.is_initialized():
-            for p in self.params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+        if distributed.in_group():
+            distributed.sum_gradients(self.params, self.bucket_bytes)
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip)
         self.optimizer.step()
         if advance_schedule:
@@ -189,9 +182,3 @@ def micro_batches(rows: Sequence[TrainSample], size: int, pad_id: int, *,
     """A step's rows in micro-batches of at most ``size`` distinct sequences."""
     return make_micro_batches(rows, size, pad_token_id=pad_id,
                               dedup_key=row_key if dedup else None)
-
-
-def _rows(mb: MicroBatch, which: Sequence[int]) -> list[list[int]]:
-    """Unpadded token rows ``which`` of a micro-batch."""
-    lengths = mb.attention_mask.sum(dim=1).tolist()
-    return [mb.input_ids[i, : int(lengths[i])].tolist() for i in which]

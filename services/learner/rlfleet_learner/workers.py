@@ -1,13 +1,13 @@
-"""Trainers as Ray actors: one per data-parallel rank, joined by torch.distributed (gloo on
-CPU, NCCL would serve GPUs the same way). The driver splits a step's micro-batches
-round-robin over the ranks; every rank back-propagates its share and the gradients are
-summed before one identical optimizer step on each rank."""
+"""Trainers as Ray actors: one per data-parallel rank, each with the GPU(s) it asks Ray
+for (ray.num_gpus_per_worker), joined by torch.distributed (NCCL on GPUs, gloo on CPUs) at
+an address on rank 0's node. The driver splits a step's micro-batches round-robin over the
+ranks; every rank back-propagates its share and the gradients are summed (in buckets)
+before one identical optimizer step on each rank."""
 
 from __future__ import annotations
 
 import os
 import random
-import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,22 +15,50 @@ import ray
 import torch
 
 from rlfleet.grpo import TrainSample
+from rlfleet_learner import distributed
 from rlfleet_learner.config import LearnerConfig
+from rlfleet_learner.devices import check_device
 from rlfleet_learner.samples import row_key
 from rlfleet_learner.trainer import _ADDITIVE, PolicyTrainer, StepResult, micro_batches
 
 
 class TrainWorker:
-    """One rank. Created through `ray.remote(...)` by `TrainerGroup`."""
+    """One rank. Created through `ray.remote(...)` by `TrainerGroup`, which then calls
+    `placement`, `check`, rank 0's `rendezvous_address` and `start`, in that order."""
 
-    def __init__(self, cfg_json: str, model_dir: str, rank: int, world: int,
-                 master: str) -> None:
+    def __init__(self, cfg_json: str, model_dir: str, rank: int, world: int) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        if world > 1:
-            torch.distributed.init_process_group(
-                "gloo", init_method=f"tcp://{master}", rank=rank, world_size=world)
-        self.rank = rank
-        self.trainer = PolicyTrainer(LearnerConfig.model_validate_json(cfg_json), model_dir)
+        self.cfg = LearnerConfig.model_validate_json(cfg_json)
+        self.model_dir, self.rank, self.world = model_dir, rank, world
+        self.device: torch.device | None = None
+        self.trainer: PolicyTrainer | None = None
+
+    def placement(self) -> dict[str, Any]:
+        """Where Ray put this rank: node id and IP, and the GPU ids it was given."""
+        ctx = ray.get_runtime_context()
+        return {"rank": self.rank, "node_id": ctx.get_node_id(),
+                "ip": ray.util.get_node_ip_address(),
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+
+    def check(self) -> str:
+        """The device this rank trains on; DeviceError if it cannot run the config."""
+        m = self.cfg.model
+        self.device = check_device(m.device, m.torch_dtype())
+        return str(self.device)
+
+    def rendezvous_address(self) -> str:
+        return distributed.rendezvous_address(ray.util.get_node_ip_address())
+
+    def start(self, address: str | None) -> int:
+        """Load the policy, join the group at ``address`` (rank 0's) and take rank 0's
+        adapter weights; the tokenizer's pad id."""
+        assert self.device is not None, "check() first"
+        self.trainer = PolicyTrainer(self.cfg, self.model_dir, device=self.device)
+        if self.world > 1:
+            assert address is not None
+            distributed.join(address, self.rank, self.world, self.device)
+            distributed.broadcast_from_rank0(self.trainer.params)
+        return self.trainer.pad_id
 
     def step(self, batches: list, last: bool = True) -> tuple[dict[str, float], int, float]:
         totals = self.trainer.accumulate(batches)
@@ -96,28 +124,47 @@ def update_batches(rows: Sequence[TrainSample], mini_batches: int, epochs: int, 
     return out
 
 
-def _free_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+def _first_error(refs: list) -> list:
+    """``ray.get(refs)``, raising the first failure as soon as it happens (a rank that
+    failed to load leaves the others waiting at the rendezvous)."""
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        ray.get(done)
+    return ray.get(refs)
+
+
+def cluster_gpus() -> tuple[float, float]:
+    """(GPUs in the Ray cluster, GPUs of its largest alive node)."""
+    total = float(ray.cluster_resources().get("GPU", 0))
+    nodes = [n.get("Resources", {}).get("GPU", 0) for n in ray.nodes() if n.get("Alive")]
+    return total, float(max(nodes, default=0))
 
 
 class TrainerGroup:
     """The driver's handle on the ranks."""
 
-    def __init__(self, cfg: LearnerConfig, model_dir: str, *, num_cpus: float = 0.0,
-                 num_gpus: float = 0.0) -> None:
-        world = cfg.ray.num_workers
-        master = _free_address()
-        actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(TrainWorker)
-        self.workers = [actor.remote(cfg.model_dump_json(), model_dir, rank, world, master)
+    def __init__(self, cfg: LearnerConfig, model_dir: str, *, num_cpus: float = 0.0) -> None:
+        world, gpus = cfg.ray.num_workers, cfg.ray.num_gpus_per_worker
+        distributed.wait_for_gpus(world, gpus, cfg.ray.resources_timeout_s, cluster_gpus)
+        actor = ray.remote(num_cpus=num_cpus, num_gpus=gpus)(TrainWorker)
+        self.workers = [actor.remote(cfg.model_dump_json(), model_dir, rank, world)
                         for rank in range(world)]
+        try:
+            self.placements: list[dict[str, Any]] = ray.get(
+                [w.placement.remote() for w in self.workers])
+            self.devices: list[str] = _first_error([w.check.remote() for w in self.workers])
+            address = (ray.get(self.workers[0].rendezvous_address.remote())
+                       if world > 1 else None)
+            # Waiting on every rank's answer also waits for the process group to form.
+            self.pad_id = _first_error([w.start.remote(address) for w in self.workers])[0]
+        except BaseException:
+            self.close()
+            raise
         self.micro_batch_size = cfg.grpo_config().micro_batch_size
         self.mini_batches, self.epochs, self.seed = (cfg.optim.mini_batches, cfg.optim.epochs,
                                                      cfg.seed)
         self.steps_done = 0
-        # Waiting on every rank's answer also waits for the process group to form.
-        self.pad_id = ray.get([w.pad_id.remote() for w in self.workers])[0]
 
     def step(self, rows: Sequence[TrainSample]) -> StepResult:
         """One GRPO step: ``epochs`` passes over the rows, each split into

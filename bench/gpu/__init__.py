@@ -1,0 +1,1 @@
+"""bench/gpu: one prepared script for one GPU (see README.md)."""
