@@ -15,9 +15,11 @@ import ray
 import torch
 
 from rlfleet.grpo import TrainSample
+from rlfleet.policy import load_processor
 from rlfleet_learner import distributed
 from rlfleet_learner.config import LearnerConfig
 from rlfleet_learner.devices import check_device
+from rlfleet_learner.episode_fit import check_episodes_fit
 from rlfleet_learner.samples import row_key
 from rlfleet_learner.trainer import _ADDITIVE, PolicyTrainer, StepResult, micro_batches
 
@@ -146,6 +148,7 @@ class TrainerGroup:
 
     def __init__(self, cfg: LearnerConfig, model_dir: str, *, num_cpus: float = 0.0) -> None:
         world, gpus = cfg.ray.num_workers, cfg.ray.num_gpus_per_worker
+        check_episodes_fit(cfg, load_processor(model_dir))
         distributed.wait_for_gpus(world, gpus, cfg.ray.resources_timeout_s, cluster_gpus)
         actor = ray.remote(num_cpus=num_cpus, num_gpus=gpus)(TrainWorker)
         self.workers = [actor.remote(cfg.model_dump_json(), model_dir, rank, world)
