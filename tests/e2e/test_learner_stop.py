@@ -78,7 +78,7 @@ def session_gone(pgid: int, timeout_s: float = 30) -> bool:
 
 def test_sigterm_while_waiting_for_rollouts_abandons_the_step(stack: LocalStack,
                                                                tmp_path: Path) -> None:
-    run = "abandon"
+    run = stack.run  # the replica plays for this run only
     metrics = stack.runs_root / run / "metrics.jsonl"
     proc = start_learner(config(stack, tmp_path, run))
     # the initial version is live: the first step's rollouts are under way
@@ -103,7 +103,7 @@ def test_sigterm_while_waiting_for_rollouts_abandons_the_step(stack: LocalStack,
 
 def test_sigterm_after_a_step_checkpoints_it_and_resumes_there(stack: LocalStack,
                                                                 tmp_path: Path) -> None:
-    run = "finish"
+    run = stack.run
     metrics = stack.runs_root / run / "metrics.jsonl"
     path = config(stack, tmp_path, run)
     proc = start_learner(path)
