@@ -6,6 +6,8 @@ import importlib
 import sys
 import time
 
+from bench.targets import print_targets
+
 BENCHES = [
     "bench.bench_env",
     "bench.bench_engines",
@@ -17,11 +19,13 @@ BENCHES = [
 
 
 def main(names: list[str]) -> int:
+    sys.argv[1:] = []  # the names are ours; a bench's own flags take their defaults
     for name in names or BENCHES:
         print(f"\n=== {name}", flush=True)
         start = time.perf_counter()
         importlib.import_module(name if name.startswith("bench.") else f"bench.{name}").main()
         print(f"=== {name} done in {time.perf_counter() - start:.0f}s", flush=True)
+    print_targets()
     return 0
 
 

@@ -23,7 +23,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from PIL import Image
 
-from bench.common import RESULTS, write_results
+from bench.common import RESULTS, plot_results, write_results
 from rlfleet.engines import GenerationRequest, SamplingConfig
 from rlfleet.engines.hf import HFEngine
 from rlfleet.engines.vllm import VLLMEngine, default_venv_python
@@ -93,6 +93,7 @@ def main() -> None:
         repo = str(Path(__file__).resolve().parents[1])
         subprocess.run([str(default_venv_python()), "-m", "bench.bench_engines"], cwd=repo,
                        env={**os.environ, "PYTHONPATH": repo}, check=True)
+        plot_results(RESULTS / "engines_vllm.json")  # matplotlib lives in this venv only
         return
     with tempfile.TemporaryDirectory() as tmp:
         tiny = ensure_tiny_model(Path(tmp) / "models")
@@ -137,6 +138,7 @@ def main() -> None:
             "vllm": vllm_version(),
         },
         title="hf vs vllm engine, tiny policy, CPU",
+        plot=False,
     )
 
 

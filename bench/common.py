@@ -28,7 +28,10 @@ def timed(fn, *, min_time_s: float = 1.0, max_iters: int = 1_000_000) -> tuple[f
 
 
 def write_results(name: str, rows: list[dict[str, Any]], *, value_key: str, unit: str,
-                  meta: dict[str, Any] | None = None, title: str = "") -> Path:
+                  meta: dict[str, Any] | None = None, title: str = "",
+                  plot: bool = True) -> Path:
+    """The JSON result, its table, and (``plot``) its PNG. A bench that runs under the
+    vLLM venv, which has no matplotlib, writes ``plot=False`` and its parent draws."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     doc = {
         "bench": name,
@@ -38,11 +41,24 @@ def write_results(name: str, rows: list[dict[str, Any]], *, value_key: str, unit
         "rows": rows,
     }
     path = RESULTS / f"{name}.json"
+    doc["meta"]["plot"] = {"value_key": value_key, "unit": unit, "title": title or name}
     path.write_text(json.dumps(doc, indent=2))
     print_table(title or name, rows)
-    plot_bars(RESULTS / f"{name}.png", rows, value_key, unit, title or name)
-    print(f"wrote {path} and {path.with_suffix('.png')}")
+    if plot:
+        plot_results(path)
+    else:
+        print(f"wrote {path}")
     return path
+
+
+def plot_results(path: Path) -> Path:
+    """The PNG beside a result JSON that `write_results` wrote."""
+    doc = json.loads(path.read_text())
+    spec = doc["meta"]["plot"]
+    png = path.with_suffix(".png")
+    plot_bars(png, doc["rows"], spec["value_key"], spec["unit"], spec["title"])
+    print(f"wrote {path} and {png}")
+    return png
 
 
 def print_table(title: str, rows: list[dict[str, Any]]) -> None:

@@ -48,8 +48,9 @@ def rows(model_dir, n: int = 6) -> list[TrainSample]:  # noqa: ANN001
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 * 1024 * 1024,
-             configure_logging=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False,
+             object_store_memory=128 * 1024 * 1024, configure_logging=False,
+             log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -27,9 +27,10 @@ def learning_curve(steps: list[dict], evals: list[dict], out: Path, title: str =
     colors = iter(("#d65f5f", "#956cb4", "#ee854a", "#8c613c"))
     series: dict[tuple[str, int], list] = {}
     for e in evals:
-        for name in ("eval", "heldout"):
-            if name in e:
-                series.setdefault((name, e[name]["episodes"]), []).append((e["step"], e[name]))
+        for key in ("eval", "heldout", "heldout_curve"):
+            if key in e:  # heldout_curve: the periodic subset, read off a full evaluation
+                name = "heldout" if key == "heldout_curve" else key
+                series.setdefault((name, e[key]["episodes"]), []).append((e["step"], e[key]))
     for (name, episodes), pts in sorted(series.items()):
         xs = [p[0] for p in pts]
         ys = [100 * p[1]["solve_rate"] for p in pts]

@@ -215,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         "per_step": step_breakdown(steps, evals),
         "calibration": calibration,
         "pool_retries": end.get("pool_retries", {}),
-        "curve": [{"step": e["step"], **{k: e[k]["solve_rate"] for k in ("eval", "heldout")
+        "curve": [{"step": e["step"], **{k: e[k]["solve_rate"]
+                                         for k in ("eval", "heldout", "heldout_curve")
                                          if k in e}} for e in evals],
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

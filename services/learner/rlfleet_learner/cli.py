@@ -95,7 +95,10 @@ def _run(args: argparse.Namespace) -> int:
     if address:
         ray.init(address=address, log_to_driver=True)
     else:
-        ray.init(num_cpus=max(2, cfg.ray.num_workers), include_dashboard=False,
+        # address="local": a Ray of its own, even where another Ray runs on this machine
+        # (ray.init() alone would join the newest one it finds).
+        ray.init(address="local", num_cpus=max(2, cfg.ray.num_workers),
+                 include_dashboard=False,
                  object_store_memory=cfg.ray.object_store_mb * 1024 * 1024,
                  log_to_driver=True, configure_logging=False)
     # ray.init puts its own SIGTERM handler in place (it kills the driver at once, with

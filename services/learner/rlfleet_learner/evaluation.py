@@ -55,5 +55,11 @@ def evaluate(pool: RolloutPool, cfg: LearnerConfig, version: int,
         by_seed[request.task.seed] = trajectory
         if progress is not None:
             progress(len(by_seed), total)
-    return {name: summarize([by_seed[s] for s in seeds]) for name, seeds in sets.items()
-            if seeds}
+    result = {name: summarize([by_seed[s] for s in seeds]) for name, seeds in sets.items()
+              if seeds}
+    curve = cfg.eval.curve_heldout
+    if not heldout_only and 0 < curve < len(sets["heldout"]):
+        # The periodic points' subset, read off the full evaluation: the learning curve
+        # then starts and ends on the same mazes as its points in between.
+        result["heldout_curve"] = summarize([by_seed[s] for s in sets["heldout"][:curve]])
+    return result
