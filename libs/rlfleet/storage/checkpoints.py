@@ -17,6 +17,7 @@ import io
 import json
 import logging
 import os
+import pickle
 import random
 import time
 from collections.abc import Collection, Mapping
@@ -388,7 +389,8 @@ def load_latest_intact_checkpoint(runs_root: RunsRoot, run: str) -> Checkpoint |
         path = runs_root.checkpoint_dir(run, step)
         try:
             ckpt = load_checkpoint(path)
-        except (CheckpointError, OSError, RuntimeError, EOFError, ValueError) as exc:
+        except (CheckpointError, OSError, RuntimeError, EOFError, ValueError,
+                pickle.UnpicklingError) as exc:  # a sha256 mismatch, or bytes that fail to load
             aside = set_aside_damaged(path)
             damaged.append(path.name)
             log.warning("checkpoint %s is damaged (%s); set it aside as %s and trying the "
