@@ -47,10 +47,13 @@ class _Job:
     @property
     def key(self) -> tuple:
         p = self.params
-        # A job seeded through its params is never merged (that seed numbers requests
-        # within the batch); requests that carry their own seeds merge freely.
+        # A seeded job (through its params, or requests with their own seeds: a
+        # deterministic run) is never merged with another: the forward's floats depend
+        # on the batch's shape, and a seeded run must replay bit for bit whatever else
+        # the replica is playing. Unseeded jobs merge freely.
+        seeded = p.seed is not None or any(r.seed is not None for r in self.requests)
         return (p.temperature, p.top_p, p.top_k, p.max_new_tokens, p.seed, self.adapter,
-                id(self) if p.seed is not None else None)
+                id(self) if seeded else None)
 
 
 @dataclass
