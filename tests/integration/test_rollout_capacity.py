@@ -57,6 +57,10 @@ class _Adapters:
     """The base model, always live (what a replica without a run's adapter serves)."""
 
     current = LiveAdapter(RUN, 0)
+    max_staleness = None  # no staleness bound: nothing is ever evicted
+
+    def is_evicted(self, adapter: LiveAdapter) -> bool:
+        return False
 
     def wait_for(self, version: int, timeout_s: float) -> LiveAdapter | None:
         return self.current if version <= 0 else None
