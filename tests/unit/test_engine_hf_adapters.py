@@ -66,7 +66,7 @@ def _writable(files: dict[str, bytes]) -> dict[str, memoryview]:
 
 
 def _lora_params(eng: HFEngine, name: str) -> dict[str, torch.Tensor]:
-    internal = eng._adapters[name][0]
+    internal = eng._adapters.handle(name)[0]
     return {k.replace(f".{internal}.", "."): p.detach() for k, p in
             eng._peft.named_parameters() if f".{internal}." in k}
 

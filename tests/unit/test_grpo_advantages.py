@@ -107,7 +107,7 @@ def test_registry_accepts_a_new_estimator() -> None:
         cfg = GRPOConfig(advantage_estimator="test_raw_reward")
         res = get_advantage_estimator(cfg.advantage_estimator)([0.5, 2.0], ["a", "b"], cfg)
         assert res.advantages.tolist() == [0.5, 2.0]
-        with pytest.raises(ValueError, match="already registered"):
+        with pytest.raises(ValueError, match="is defined twice"):
             register_advantage_estimator("test_raw_reward")(raw)
     finally:
         ADVANTAGE_ESTIMATORS.unregister("test_raw_reward")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlfleet.plugins import PluginError
+from rlfleet.registries import PluginError
 from rlfleet.reward import Episode, RewardFunction, Score, default_rewards, reward_function
 from rlfleet.rpc.errors import InvalidArgument, NotFound
 from rlfleet.tasks import Task, TaskRegistry, default_tasks

@@ -14,7 +14,7 @@ import torch
 
 from rlfleet.storage.atomic import DestinationExists, StorageError
 from rlfleet.storage.checkpoints import (
-    ADAPTER_FILE,
+    ADAPTER_WEIGHTS_FILE,
     COMPLETE_FILE,
     CheckpointError,
     RngState,
@@ -93,7 +93,7 @@ def test_adapter_bytes_deterministic(rr: RunsRoot) -> None:
                         data_cursor={}, created_unix=1.0)
     b = save_checkpoint(rr, "exp", 2, adapter_state=reordered, optimizer_state={},
                         data_cursor={}, created_unix=2.0)
-    assert (a / ADAPTER_FILE).read_bytes() == (b / ADAPTER_FILE).read_bytes()
+    assert (a / ADAPTER_WEIGHTS_FILE).read_bytes() == (b / ADAPTER_WEIGHTS_FILE).read_bytes()
 
 
 def test_incomplete_never_latest(rr: RunsRoot) -> None:
@@ -102,7 +102,7 @@ def test_incomplete_never_latest(rr: RunsRoot) -> None:
     # A checkpoint dir without COMPLETE (e.g. written by a tool that crashed) ...
     p30 = rr.checkpoint_dir("exp", 30)
     p30.mkdir()
-    (p30 / ADAPTER_FILE).write_bytes(b"half")
+    (p30 / ADAPTER_WEIGHTS_FILE).write_bytes(b"half")
     # ... one whose marker is garbage, and a crashed atomic write.
     p40 = rr.checkpoint_dir("exp", 40)
     p40.mkdir()

@@ -32,10 +32,12 @@ from rlfleet.engines.base import (
     SamplingConfig,
     request_seed,
 )
+from rlfleet.engines.loaded import LoadedAdapters, check_adapter_dir
 from rlfleet.policy.chat import ChatCodec
 from rlfleet.policy.loading import PolicyProcessor, load_policy, vision_token_ids
 from rlfleet.policy.logprobs import collate, forward, token_logprobs, unwrap
 from rlfleet.policy.vision import VisionEncoder, image_key
+from rlfleet.storage.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -92,8 +94,7 @@ class HFEngine(Engine):
         # public name -> (PEFT-internal name, path). PEFT adapter names must be valid
         # module keys and must not be substrings of "lora_" (it then mangles weights on
         # load), so the engine never hands it the caller's name.
-        self._adapters: dict[str, tuple[str, str]] = {}
-        self._next_internal = 0
+        self._adapters: LoadedAdapters[tuple[str, str]] = LoadedAdapters()
         self._lock = threading.RLock()
         self._closed = False
 
@@ -101,18 +102,15 @@ class HFEngine(Engine):
 
     @property
     def adapters(self) -> list[str]:
-        return sorted(self._adapters)
+        return self._adapters.names()
 
     def load_adapter(self, name: str, path: str) -> None:
-        p = Path(path)
-        if not (p / "adapter_config.json").is_file():
-            raise EngineError(f"{path}: not a LoRA adapter directory (no adapter_config.json)")
+        p = check_adapter_dir(path)
         with self._lock:
             self._check_open()
             # Load the new weights under a fresh internal name first, so a failed
             # reload leaves the old version of ``name`` serving.
-            internal = f"rlfleet{self._next_internal}"
-            self._next_internal += 1
+            internal = f"rlfleet{self._adapters.next_id()}"
             try:
                 if self._peft is None:
                     self._peft = PeftModel.from_pretrained(
@@ -152,8 +150,8 @@ class HFEngine(Engine):
             raise EngineError(f"cannot load adapter {name!r} from {source}: this model "
                               "remaps checkpoint keys; load the adapter from a directory")
         try:
-            config = _peft_config_from_json(files["adapter_config.json"])
-            state = safetensors_views(files["adapter_model.safetensors"])
+            config = _peft_config_from_json(files[ADAPTER_CONFIG_FILE])
+            state = safetensors_views(files[ADAPTER_WEIGHTS_FILE])
         except KeyError as e:
             raise EngineError(f"cannot load adapter {name!r} from {source}: no {e}") from e
         except Exception as e:  # noqa: BLE001 - malformed config/weights: a clear error
@@ -163,8 +161,7 @@ class HFEngine(Engine):
             clock = time.perf_counter()
         with self._lock:
             self._check_open()
-            internal = f"rlfleet{self._next_internal}"
-            self._next_internal += 1
+            internal = f"rlfleet{self._adapters.next_id()}"
             created: PeftModel | None = None
             try:
                 if self._peft is None:
@@ -195,8 +192,7 @@ class HFEngine(Engine):
         # Under self._lock, with ``internal`` loaded: it becomes ``name``; the version it
         # replaces (if any) is dropped.
         assert self._peft is not None
-        old = self._adapters.get(name)
-        self._adapters[name] = (internal, source)
+        old = self._adapters.install(name, (internal, source))
         if old is not None:
             if old[0] in self._peft.active_adapters:
                 self._peft.set_adapter(internal)
@@ -204,14 +200,12 @@ class HFEngine(Engine):
 
     def unload_adapter(self, name: str) -> None:
         with self._lock:
-            if name not in self._adapters:
-                raise EngineError(f"adapter {name!r} is not loaded")
-            assert self._peft is not None
             internal, _ = self._adapters.pop(name)
+            assert self._peft is not None
             if self._adapters:
                 if internal in self._peft.active_adapters:
                     # switch first, so PEFT does not warn about deleting the active one
-                    self._peft.set_adapter(next(iter(self._adapters.values()))[0])
+                    self._peft.set_adapter(self._adapters.handles()[0][0])
                 self._peft.delete_adapter(internal)
             else:
                 # last one: strip the LoRA layers and go back to the plain model
@@ -236,9 +230,9 @@ class HFEngine(Engine):
                 with self._peft.disable_adapter():
                     yield self._peft
             return
-        if adapter not in self._adapters or self._peft is None:
-            raise EngineError(f"adapter {adapter!r} is not loaded (loaded: {self.adapters})")
-        self._peft.set_adapter(self._adapters[adapter][0])
+        internal, _ = self._adapters.handle(adapter)
+        assert self._peft is not None  # an adapter is loaded
+        self._peft.set_adapter(internal)
         yield self._peft
 
     # -- generation ------------------------------------------------------------------

@@ -72,6 +72,8 @@ from rlfleet.engines.base import (
     request_seed,
     vision_token_ids,
 )
+from rlfleet.engines.loaded import LoadedAdapters, check_adapter_dir
+from rlfleet.storage.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 
 IM_END = "<|im_end|>"
 
@@ -146,8 +148,8 @@ def write_zero_adapter(out_dir: Path, config: Mapping[str, Any]) -> None:
     prefix = "base_model.model.model.language_model.layers.0.self_attn.q_proj"
     save_file({f"{prefix}.lora_A.weight": torch.zeros(1, hidden),
                f"{prefix}.lora_B.weight": torch.zeros(heads * head_dim, 1)},
-              str(out_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
-    (out_dir / "adapter_config.json").write_text(json.dumps({
+              str(out_dir / ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
+    (out_dir / ADAPTER_CONFIG_FILE).write_text(json.dumps({
         "peft_type": "LORA", "r": 1, "lora_alpha": 1, "lora_dropout": 0.0, "bias": "none",
         "target_modules": ["q_proj"], "layers_to_transform": [0], "fan_in_fan_out": False,
         "use_rslora": False, "use_dora": False, "modules_to_save": None}))
@@ -254,8 +256,7 @@ class VLLMEngine(Engine):
         self._im_end = int(im_end)
         self._ban = {i: -1e9 for i in vision_token_ids(self._tokenizer)}
         self._enable_lora = enable_lora
-        self._adapters: dict[str, Any] = {}  # name -> LoRARequest
-        self._next_lora_id = 1
+        self._adapters: LoadedAdapters[Any] = LoadedAdapters(first_id=1)  # -> LoRARequest
         self._base_lora: Any = None  # what base requests run with (None: no LoRA)
         self._base_dir: Path | None = None
         self._request_ids = itertools.count()
@@ -302,14 +303,12 @@ class VLLMEngine(Engine):
 
     @property
     def adapters(self) -> list[str]:
-        return sorted(self._adapters)
+        return self._adapters.names()
 
     def load_adapter(self, name: str, path: str) -> None:
         from vllm.lora.request import LoRARequest
 
-        p = Path(path)
-        if not (p / "adapter_config.json").is_file():
-            raise EngineError(f"{path}: not a LoRA adapter directory (no adapter_config.json)")
+        p = check_adapter_dir(path)
         with self._adapter_lock:
             self._check_open()
             if not self._enable_lora:
@@ -317,8 +316,7 @@ class VLLMEngine(Engine):
             # vLLM keys its prefix (KV) cache by LoRA *name and path*, not id: a version
             # rewritten in place under the same name would reuse KV blocks computed with
             # the old weights. A name unique per load keeps those caches apart.
-            lora_id = self._next_lora_id
-            self._next_lora_id += 1
+            lora_id = self._adapters.next_id()
             request = LoRARequest(f"{name}#{lora_id}", lora_id, str(p.resolve()))
             # Load now, so a bad adapter fails here and the first request is not slowed.
             try:
@@ -327,15 +325,12 @@ class VLLMEngine(Engine):
                 raise EngineError(f"cannot load adapter {name!r} from {path}: {e}") from e
             if not ok:
                 raise EngineError(f"cannot load adapter {name!r} from {path}")
-            old = self._adapters.get(name)
-            self._adapters[name] = request
+            old = self._adapters.install(name, request)
             if old is not None:
                 self._wait(self._llm.remove_lora(old.lora_int_id))
 
     def unload_adapter(self, name: str) -> None:
         with self._adapter_lock:
-            if name not in self._adapters:
-                raise EngineError(f"adapter {name!r} is not loaded")
             request = self._adapters.pop(name)
             if not self._closed:
                 self._wait(self._llm.remove_lora(request.lora_int_id))
@@ -389,9 +384,7 @@ class VLLMEngine(Engine):
         check_sampling(params)
         lora = self._base_lora
         if adapter is not None:
-            lora = self._adapters.get(adapter)
-            if lora is None:
-                raise EngineError(f"adapter {adapter!r} is not loaded (loaded: {self.adapters})")
+            lora = self._adapters.handle(adapter)
         # Every request is checked before any is submitted: a bad one costs nothing.
         prompts = [TokensPrompt(**self._prompt(i, r)) for i, r in enumerate(requests)]
         if not prompts:

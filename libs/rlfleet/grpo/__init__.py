@@ -2,7 +2,8 @@
 
 Extension points are registries: a new advantage estimator, policy loss or KL estimator is
 one function plus ``@register_advantage_estimator`` / ``@register_policy_loss`` /
-``@register_kl_estimator``, selected by name in ``GRPOConfig``.
+``@register_kl_estimator``, selected by name in ``GRPOConfig`` (`rlfleet.registries`; a
+package adds one through an entry point, which every process, Ray workers included, finds).
 """
 
 from rlfleet.grpo.advantages import (
@@ -12,7 +13,7 @@ from rlfleet.grpo.advantages import (
     register_advantage_estimator,
 )
 from rlfleet.grpo.batching import MicroBatch, collate, make_micro_batches
-from rlfleet.grpo.config import GRPOConfig
+from rlfleet.grpo.config import GRPOConfig, check_registered_names
 from rlfleet.grpo.filtering import BatchStats, prepare_batch, staleness_keep_mask
 from rlfleet.grpo.losses import (
     aggregate,
@@ -31,6 +32,7 @@ __all__ = [
     "MicroBatch",
     "TrainSample",
     "aggregate",
+    "check_registered_names",
     "collate",
     "get_advantage_estimator",
     "get_kl_estimator",

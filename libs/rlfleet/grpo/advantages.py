@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from rlfleet.grpo.registry import Registry
+from rlfleet.registries import ADVANTAGE_ESTIMATORS_GROUP, Registry
 
 if TYPE_CHECKING:
     from rlfleet.grpo.config import GRPOConfig
@@ -36,7 +36,9 @@ class AdvantageResult:
 
 
 AdvantageEstimator = Callable[[npt.ArrayLike, Sequence[Hashable], "GRPOConfig"], AdvantageResult]
-ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
+# rlfleet's own below, plus the ``rlfleet.advantage_estimators`` entry points
+ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry(
+    "advantage estimator", ADVANTAGE_ESTIMATORS_GROUP, autodiscover=True)
 
 
 def register_advantage_estimator(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:

@@ -49,22 +49,8 @@ class GRPOConfig:
     temperature: float = 1.0
 
     def __post_init__(self) -> None:
-        # Imported here: the registries import this module's type for annotations only,
-        # and validating names at construction catches typos before any rollout is spent.
-        from rlfleet.grpo.advantages import ADVANTAGE_ESTIMATORS
-        from rlfleet.grpo.losses import KL_ESTIMATORS, POLICY_LOSSES
-
-        for field, registry in (
-            ("advantage_estimator", ADVANTAGE_ESTIMATORS),
-            ("policy_loss", POLICY_LOSSES),
-            ("kl_estimator", KL_ESTIMATORS),
-        ):
-            value = getattr(self, field)
-            if value not in registry:
-                raise ValueError(
-                    f"GRPOConfig.{field}={value!r} is not registered; "
-                    f"registered: {registry.names()}"
-                )
+        # Names are checked at construction: a typo fails before any rollout is spent.
+        check_registered_names(dataclasses.asdict(self))
         _check_real("clip_low", self.clip_low, low=0.0, high=1.0, high_open=True)
         _check_real("clip_high", self.clip_high, low=0.0)
         if self.dual_clip is not None:
@@ -93,6 +79,31 @@ class GRPOConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def check_registered_names(values: Mapping[str, Any], where: str = "") -> None:
+    """RegistryError unless the advantage estimator, policy loss and KL estimator that
+    `values` (GRPOConfig fields; a missing one is its default) name are registered in this
+    process. `where` names the process in the error: every process checks at start-up,
+    the learner's Ray workers included, since a variant registered in code in the driver
+    alone is unknown in a worker."""
+    # Imported here: the registries' modules import this one.
+    from rlfleet.grpo.advantages import ADVANTAGE_ESTIMATORS
+    from rlfleet.grpo.losses import KL_ESTIMATORS, POLICY_LOSSES
+    from rlfleet.registries import RegistryError
+
+    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    for field, registry in (
+        ("advantage_estimator", ADVANTAGE_ESTIMATORS),
+        ("policy_loss", POLICY_LOSSES),
+        ("kl_estimator", KL_ESTIMATORS),
+    ):
+        name = values.get(field, defaults[field])
+        if name not in registry:
+            raise RegistryError(
+                f"GRPOConfig.{field}={name!r} is not registered: "
+                f"{registry.unknown_message(name, where)} (a plugin reaches every process "
+                f"as an entry point of group {registry.group!r})")
 
 
 def _check_real(

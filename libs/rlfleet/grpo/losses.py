@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlfleet.grpo.config import LOSS_REDUCTIONS
-from rlfleet.grpo.registry import Registry
+from rlfleet.registries import KL_ESTIMATORS_GROUP, POLICY_LOSSES_GROUP, Registry
 
 if TYPE_CHECKING:
     from rlfleet.grpo.config import GRPOConfig
@@ -29,8 +29,12 @@ PolicyLoss = Callable[
 ]
 KLEstimator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
-POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
-KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator")
+# rlfleet's own below, plus the ``rlfleet.policy_losses`` / ``rlfleet.kl_estimators``
+# entry points
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", POLICY_LOSSES_GROUP,
+                                               autodiscover=True)
+KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator", KL_ESTIMATORS_GROUP,
+                                                autodiscover=True)
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:

@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlfleet.plugins import REWARDS_GROUP, PluginError, Registry
+from rlfleet.registries import REWARDS_GROUP, PluginError, Registry
 from rlfleet.tasks import StepResult, TaskEpisode
 
 __all__ = [

@@ -259,13 +259,13 @@ def publish_adapter_dir(
                                thread_name_prefix="adapter-publish") as pool:
         # The learner has the bytes: hash them (hashlib releases the GIL) while they are
         # written and while the disk takes them; never read a file back to hash it.
-        hashes = {n: pool.submit(_sha256, b) for n, b in blobs.items()}
+        hashes = {n: pool.submit(sha256_of, b) for n, b in blobs.items()}
         syncs = []
         for n, b in blobs.items():
             path = write_file(tmp, n, b, fsync=False, start_writeback=True)
             syncs.append(pool.submit(fsync_file, path))
         lap("write_s")
-        entries = {n: FileEntry(sha256=f.result(), size=len(blobs[n]))
+        entries = {n: FileEntry(sha256=f.result()[0], size=len(blobs[n]))
                    for n, f in hashes.items()}
         lap("hash_wait_s")
         for f in syncs:
@@ -285,8 +285,19 @@ def publish_adapter_dir(
                                manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest())
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def sha256_of(source: bytes | memoryview | Path) -> tuple[str, int]:
+    """(sha256 hex, size in bytes) of bytes in memory, or of a file read in 1 MiB chunks
+    (each chunk hashed while in cache; a file is never held whole). The one way the runs
+    root hashes what it writes and verifies: adapter versions and checkpoints."""
+    if not isinstance(source, Path):
+        return hashlib.sha256(source).hexdigest(), len(source)
+    h = hashlib.sha256()
+    size = 0
+    with open(source, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
 
 
 # -- verify -----------------------------------------------------------------------------

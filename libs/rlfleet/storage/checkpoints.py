@@ -12,7 +12,6 @@ The whole dir is also published with `atomic_dir`, so a crash leaves only a temp
 from __future__ import annotations
 
 import base64
-import hashlib
 import io
 import json
 import logging
@@ -29,6 +28,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
+from rlfleet.storage.adapters import ADAPTER_WEIGHTS_FILE, sha256_of
 from rlfleet.storage.atomic import (
     atomic_dir,
     fsync_dir,
@@ -44,7 +44,6 @@ from rlfleet.storage.paths import (
 
 log = logging.getLogger(__name__)
 
-ADAPTER_FILE = "adapter_model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
 RNG_FILE = "rng.json"
@@ -53,7 +52,6 @@ STATE_FILE = "state.json"
 COMPLETE_FILE = CHECKPOINT_COMPLETE_FILE
 CHECKPOINT_FORMAT_VERSION = 1
 _FIXED_METADATA = {"format": "pt"}  # no timestamps: identical state -> identical bytes
-_CHUNK = 1 << 20
 
 
 class CheckpointError(ValueError):
@@ -169,16 +167,6 @@ def adapter_state_bytes(adapter_state: Mapping[str, torch.Tensor]) -> bytes:
     return safetensors.torch.save(tensors, metadata=dict(_FIXED_METADATA))
 
 
-def _sha256_file(path: Path) -> tuple[str, int]:
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-    return h.hexdigest(), size
-
-
 def _torch_bytes(state: Mapping[str, Any]) -> bytes:
     # Serialised in memory, then written with write_file: torch.save on a path reports a
     # full disk as a RuntimeError; this way OS errors stay OSErrors (-> StorageError).
@@ -229,7 +217,7 @@ def save_checkpoint(
     }, "metrics")
 
     with atomic_dir(final) as tmp:
-        write_file(tmp, ADAPTER_FILE, adapter_bytes)
+        write_file(tmp, ADAPTER_WEIGHTS_FILE, adapter_bytes)
         write_file(tmp, OPTIMIZER_FILE, optimizer_bytes)
         if scheduler_bytes is not None:
             write_file(tmp, SCHEDULER_FILE, scheduler_bytes)
@@ -239,7 +227,7 @@ def save_checkpoint(
         fsync_dir(tmp)
         files = {}
         for name in sorted(os.listdir(tmp)):
-            sha, size = _sha256_file(tmp / name)
+            sha, size = sha256_of(tmp / name)
             files[name] = {"sha256": sha, "size": size}
         # Last, after everything above is durable: its presence means "all of it is there".
         write_file(tmp, COMPLETE_FILE, _json_bytes(
@@ -287,7 +275,7 @@ def load_checkpoint(
             raise CheckpointError(f"{path}: files {sorted(present)} != listed "
                                   f"{sorted(listed)}")
         for name, want in listed.items():
-            sha, size = _sha256_file(path / name)
+            sha, size = sha256_of(path / name)
             if not isinstance(want, dict) or want.get("sha256") != sha \
                     or want.get("size") != size:
                 raise CheckpointError(f"{path}: {name} does not match {COMPLETE_FILE}")
@@ -295,7 +283,7 @@ def load_checkpoint(
         state = json.loads((path / STATE_FILE).read_bytes())
         cursor = json.loads((path / DATA_CURSOR_FILE).read_bytes())
         rng = RngState.from_json_bytes((path / RNG_FILE).read_bytes())
-        adapter = safetensors.torch.load_file(str(path / ADAPTER_FILE),
+        adapter = safetensors.torch.load_file(str(path / ADAPTER_WEIGHTS_FILE),
                                               device=str(map_location))
         optimizer_state = torch.load(path / OPTIMIZER_FILE, map_location=map_location,
                                      weights_only=True)

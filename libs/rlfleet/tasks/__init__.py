@@ -27,7 +27,7 @@ from typing import Any
 
 from rlfleet import limits
 from rlfleet.maze.episode import EpisodeDone
-from rlfleet.plugins import TASKS_GROUP, PluginError, Registry
+from rlfleet.registries import TASKS_GROUP, PluginError, Registry
 from rlfleet.rpc.errors import InvalidArgument, NotFound
 
 __all__ = [

@@ -39,7 +39,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlfleet.plugins import PluginError
+from rlfleet.registries import PluginError
 from rlfleet.tasks import (
     Image,
     SimpleEpisode,

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rlfleet.plugins import PluginError
+from rlfleet.registries import PluginError
 from rlfleet.reward import RewardFunction, default_rewards
 from rlfleet.reward.service import REWARD_SERVICE, RewardServicer, registration
 from rlfleet.rpc.server import GrpcServer, ServerConfig

@@ -6,6 +6,7 @@ before one identical optimizer step on each rank."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from collections.abc import Sequence
@@ -14,7 +15,7 @@ from typing import Any
 import ray
 import torch
 
-from rlfleet.grpo import TrainSample
+from rlfleet.grpo import TrainSample, check_registered_names
 from rlfleet.policy import load_processor
 from rlfleet_learner import distributed
 from rlfleet_learner.config import LearnerConfig
@@ -30,6 +31,13 @@ class TrainWorker:
 
     def __init__(self, cfg_json: str, model_dir: str, rank: int, world: int) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        # This process's own registries, checked before anything else: a GRPO variant
+        # registered in code in the driver alone is unknown here, and must say so at
+        # start-up, naming this rank, rather than deep in the config's validation.
+        check_registered_names(
+            json.loads(cfg_json).get("grpo", {}),
+            where=f"Ray worker rank {rank} (pid {os.getpid()} on "
+                  f"{ray.util.get_node_ip_address()})")
         self.cfg = LearnerConfig.model_validate_json(cfg_json)
         self.model_dir, self.rank, self.world = model_dir, rank, world
         self.device: torch.device | None = None

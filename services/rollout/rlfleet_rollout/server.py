@@ -11,7 +11,7 @@ import redis as redis_errors
 from PIL import Image
 
 from rlfleet.config import ConfigError
-from rlfleet.engines.base import Engine
+from rlfleet.engines import ENGINES, Engine
 from rlfleet.policy.chat import ChatCodec
 from rlfleet.policy.loading import PolicyProcessor, load_processor
 from rlfleet.policy.profiles import resolve_model_dir, serving_profile
@@ -44,9 +44,8 @@ def make_engine(settings: RolloutSettings, model_dir: str, processor: PolicyProc
     """The replica's engine. vLLM's arguments come from the profile (max_model_len,
     max_lora_rank, max_loras, images per prompt, dtype, GPU memory), then --engine-args;
     a max_model_len that cannot hold the profile's episode fails here, naming the numbers."""
+    engine_class = ENGINES.get(settings.engine)  # vllm: only inside the vLLM environment
     if settings.engine == "vllm":
-        from rlfleet.engines.vllm import VLLMEngine  # only inside the vLLM environment
-
         profile = serving_profile(settings.profile)
         kwargs = {**profile.vllm_kwargs(settings.max_staleness), **settings.engine_args}
         frame = Image.new("RGB", (profile.frame_px, profile.frame_px))
@@ -55,11 +54,9 @@ def make_engine(settings: RolloutSettings, model_dir: str, processor: PolicyProc
                 processor.image_token_count(frame))
         except ValueError as exc:
             raise ConfigError(f"profile {settings.profile!r}: {exc}") from None
-        return VLLMEngine(model_dir, **kwargs)
-    from rlfleet.engines.hf import HFEngine
-
-    return HFEngine(model_dir, device=settings.device, num_threads=settings.torch_threads,
-                    **settings.engine_args)
+        return engine_class(model_dir, **kwargs)
+    return engine_class(model_dir, device=settings.device, num_threads=settings.torch_threads,
+                        **settings.engine_args)
 
 
 @dataclass
