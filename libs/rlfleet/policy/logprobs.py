@@ -182,7 +182,8 @@ def model_inputs(batch: ModelBatch) -> dict:
 
 def forward(model: torch.nn.Module, batch: ModelBatch, **kwargs):  # noqa: ANN201
     """The model's output for a collated batch (kwargs: ``use_cache``, ``logits_to_keep``,
-    ...)."""
+    ...); given the inner decoder (``unwrap(model).model``), its hidden states. The one
+    way a batch goes into the model."""
     return unwrap(model)(**model_inputs(batch), **{"use_cache": False, **kwargs})
 
 

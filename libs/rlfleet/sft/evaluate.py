@@ -26,7 +26,7 @@ from rlfleet.maze import ActionFormat, MazeEpisode, generate_layout
 from rlfleet.policy.chat import ChatCodec
 from rlfleet.policy.contexts import observation_message, turn_text
 from rlfleet.policy.loading import PolicyProcessor
-from rlfleet.policy.logprobs import collate, unwrap
+from rlfleet.policy.logprobs import collate, forward, unwrap
 from rlfleet.sft.data import DEFAULT_CELL_PX
 
 
@@ -55,15 +55,7 @@ def greedy_actions(
         encs = [codec.encode_prompt([m]) for m in messages[start : start + batch_size]]
         batch = collate(processor, [e.token_ids for e in encs], [e.images for e in encs],
                         padding_side="left", pad_token_id=pad).to(device)
-        out = inner(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            pixel_values=batch.pixel_values,
-            image_grid_thw=batch.image_grid_thw,
-            use_cache=False,
-            logits_to_keep=1,
-        )
+        out = forward(inner, batch, logits_to_keep=1)
         ids = out.logits[:, -1].argmax(-1).tolist()
         texts.extend(codec.tokenizer.decode([i], skip_special_tokens=True) for i in ids)
     return texts

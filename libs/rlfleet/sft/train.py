@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from rlfleet.maze import EVAL_SEEDS, HELDOUT_SEEDS
 from rlfleet.policy import ChatCodec, collate, ensure_tiny_model, load_policy
-from rlfleet.policy.logprobs import ModelBatch, unwrap
+from rlfleet.policy.logprobs import ModelBatch, forward, unwrap
 from rlfleet.sft.data import DataMix, EncodedExample, encode_example, example_stream
 from rlfleet.sft.evaluate import evaluate_greedy
 
@@ -208,15 +208,9 @@ def sft_loss(model: torch.nn.Module, batch: Batch, agent_aux: float = 0.0
     to read (without it, SFT sits for thousands of steps at a wall-blind policy).
     """
     inner = unwrap(model)
-    b = batch.inputs
-    hidden = inner.model(
-        input_ids=b.input_ids,
-        attention_mask=b.attention_mask,
-        position_ids=b.position_ids,
-        pixel_values=b.pixel_values,
-        image_grid_thw=b.image_grid_thw,
-        use_cache=False,
-    ).last_hidden_state
+    # The decoder's hidden states, not the logits: the LM head runs only where the loss
+    # looks (the label positions and the agent's token), never over the whole prompt.
+    hidden = forward(inner.model, batch.inputs).last_hidden_state
     labels = batch.labels
     logits = inner.lm_head(hidden[:, -labels.shape[1]:]).float()
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
