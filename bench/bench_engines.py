@@ -18,56 +18,20 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-from peft import LoraConfig, get_peft_model
-from PIL import Image
+from tests.factories import image_request, save_peft_lora
 
 from bench.common import RESULTS, plot_results, write_results
 from rlfleet.engines import GenerationRequest, SamplingConfig
 from rlfleet.engines.hf import HFEngine
 from rlfleet.engines.vllm import VLLMEngine, default_venv_python
-from rlfleet.policy import ensure_tiny_model, image_to_data_url, load_policy
+from rlfleet.policy import ensure_tiny_model
 
 NEW_TOKENS = 32
 BATCHES = (1, 8)
 
 
-def make_adapter(model_dir: Path, out: Path) -> Path:
-    model, _ = load_policy(model_dir, dtype=torch.float32)
-    peft_model = get_peft_model(
-        model,
-        LoraConfig(
-            r=8, lora_alpha=16, target_modules=r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj)"
-        ),
-    )
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-    peft_model.save_pretrained(out)
-    return out
-
-
 def requests(hf: HFEngine, n: int) -> list[GenerationRequest]:
-    out = []
-    for i in range(n):
-        rng = np.random.default_rng(i)
-        img = Image.fromarray(rng.integers(0, 256, (144, 144, 3), dtype=np.uint8))
-        enc = hf.codec.encode_prompt(
-            [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "image_url", "image_url": {"url": image_to_data_url(img)}},
-                        {"type": "text", "text": f"maze {i}: your move?"},
-                    ],
-                }
-            ]
-        )
-        out.append(GenerationRequest(enc.token_ids, enc.images))
-    return out
+    return [image_request(hf.codec, 144, f"maze {i}: your move?", seed=i) for i in range(n)]
 
 
 def vllm_version() -> str:
@@ -97,7 +61,8 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         tiny = ensure_tiny_model(Path(tmp) / "models")
-        adapter = make_adapter(tiny, Path(tmp) / "adapter")
+        adapter = Path(tmp) / "adapter"
+        save_peft_lora(tiny, adapter, seed=0)
         hf = HFEngine(tiny)
         (RESULTS / "logs").mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()

@@ -1,14 +1,32 @@
-"""Small real artefacts for tests: LoRA adapter directories published under a runs root."""
+"""Small real artefacts for tests (and benches): LoRA adapters of the tiny policy, adapter
+versions published under a runs root, engine requests with seeded pictures, and learner
+config files for a local fleet."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
+from PIL import Image
 from safetensors.torch import save
 
 from rlfleet.storage import AdapterManifest, RunsRoot, publish_adapter_dir
+
+if TYPE_CHECKING:  # (imported where used: transformers is slow to import)
+    from peft import PeftModel
+
+    from rlfleet.engines import GenerationRequest
+    from rlfleet.local.stack import LocalStack
+    from rlfleet.policy import ChatCodec
+
+REPO = Path(__file__).resolve().parents[1]
+SFT = REPO / "checkpoints" / "tiny-sft"
+# q/k/v/o of the language model only (never the vision tower), as the learner trains
+LORA_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj)"
 
 
 def adapter_files(seed: int = 0, rank: int = 4, hidden: int = 16) -> dict[str, bytes]:
@@ -55,3 +73,75 @@ def publish_tiny_lora(root: RunsRoot, run: str, version: int, model_dir: Path,
     return publish_adapter_dir(root, run, version,
                                tiny_lora_files(model_dir, seed if seed is not None else version),
                                base_model="tiny", step=version)
+
+
+def save_peft_lora(model_dir: Path, out: Path, seed: int) -> PeftModel:
+    """A PEFT LoRA (r=8, alpha 16, `LORA_TARGETS`) on the float32 policy of `model_dir`,
+    its B drawn from N(0, 0.5^2) with a generator seeded by `seed` (non-zero, so it changes
+    the outputs), saved under `out` as peft writes it; the model returned, in eval mode."""
+    from peft import LoraConfig, get_peft_model
+
+    from rlfleet.policy import load_policy
+
+    model, _ = load_policy(model_dir, dtype=torch.float32)
+    peft_model = get_peft_model(
+        model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=LORA_TARGETS))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    peft_model.save_pretrained(out)
+    return peft_model.eval()
+
+
+def noise_image(width: int, height: int, seed: int) -> Image.Image:
+    """An RGB picture of seeded uniform noise (no two seeds alike)."""
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def user_message(*parts: object) -> dict:
+    """A user turn of pictures and texts, in the given order."""
+    from rlfleet.policy import image_to_data_url
+
+    content = []
+    for p in parts:
+        if isinstance(p, Image.Image):
+            content.append({"type": "image_url", "image_url": {"url": image_to_data_url(p)}})
+        else:
+            content.append({"type": "text", "text": str(p)})
+    return {"role": "user", "content": content}
+
+
+def image_request(codec: ChatCodec, size: int, text: str, seed: int = 0
+                  ) -> GenerationRequest:
+    """An engine request of one user turn: a size x size noise picture, then `text`."""
+    from rlfleet.engines import GenerationRequest
+
+    enc = codec.encode_prompt([user_message(noise_image(size, size, seed), text)])
+    return GenerationRequest(enc.token_ids, enc.images)
+
+
+# what an e2e learner run evaluates: nothing (the runs are about the fleet, not the score)
+NO_EVAL = {"every": 0, "eval_seeds": 0, "heldout_seeds": 0, "at_start": False}
+
+
+def learner_config(stack: LocalStack, tmp_path: Path, run: str, model_dir: Path = SFT, *,
+                   data: Mapping[str, Any] | None = None, **sections: Any) -> Path:
+    """A learner config file for `run` on `stack`'s fleet: configs/local-tiny.yaml with
+    the stack's Redis, ckpt-sync and runs root, one replica enough to start, the policy of
+    `model_dir` and no calibration step. `data` updates the data section; every other
+    keyword replaces a top-level key or a whole section (``steps=3``, ``eval=NO_EVAL``)."""
+    import yaml
+
+    cfg = yaml.safe_load((REPO / "configs" / "local-tiny.yaml").read_text())
+    cfg.update(run=run, calibrate_step=0)
+    cfg["model"]["path"] = str(model_dir)
+    cfg["data"].update(data or {})
+    cfg["fleet"].update(redis_url=stack.redis_url, sync_address=stack.sync_address,
+                        runs_root=str(stack.runs_root), min_replicas=1)
+    cfg.update(sections)
+    path = tmp_path / f"{run}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path

@@ -11,15 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from rlfleet.local.metrics import read_events
 from rlfleet.local.stack import LocalStack, start_stack
 from rlfleet.maze.tasks import train_seeds
 from rlfleet.storage import RunsRoot, latest_complete_checkpoint, list_versions, load_checkpoint
-
-REPO = Path(__file__).resolve().parents[2]
-SFT = REPO / "checkpoints" / "tiny-sft"
+from tests.factories import NO_EVAL, SFT, learner_config
 
 
 @pytest.fixture
@@ -31,21 +28,12 @@ def stack(tmp_path: Path, procs):  # noqa: ANN201
 
 
 def config(stack: LocalStack, tmp_path: Path, run: str) -> Path:
-    cfg = yaml.safe_load((REPO / "configs" / "local-tiny.yaml").read_text())
-    cfg.update(run=run, steps=50, calibrate_step=0)
-    cfg["model"]["path"] = str(SFT)
     # hot sampling and long episodes: a step's rollouts take seconds, so the signal lands
     # while the learner waits for them
-    cfg["data"].update(groups_per_step=4, group_size=8, max_turns=40, turn_margin=0,
-                       temperature=3.0)
-    cfg["eval"] = {"every": 0, "eval_seeds": 0, "heldout_seeds": 0, "at_start": False}
-    cfg["checkpoint"] = {"every": 1000}
-    cfg["ray"] = {"num_workers": 1}
-    cfg["fleet"].update(redis_url=stack.redis_url, sync_address=stack.sync_address,
-                        runs_root=str(stack.runs_root), min_replicas=1)
-    path = tmp_path / f"{run}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return learner_config(stack, tmp_path, run, steps=50, eval=NO_EVAL,
+                          data={"groups_per_step": 4, "group_size": 8, "max_turns": 40,
+                                "turn_margin": 0, "temperature": 3.0},
+                          checkpoint={"every": 1000}, ray={"num_workers": 1})
 
 
 def start_learner(path: Path) -> subprocess.Popen:

@@ -15,31 +15,20 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from rlfleet.local.metrics import read_events
 from rlfleet.local.stack import LocalStack, start_stack
+from tests.factories import NO_EVAL, REPO, SFT, learner_config
 
-REPO = Path(__file__).resolve().parents[2]
-SFT = REPO / "checkpoints" / "tiny-sft"
 EXAMPLE = REPO / "examples" / "path-efficiency-reward" / "src"
 
 pytestmark = pytest.mark.slow
 
 
-def learner_config(stack: LocalStack, tmp_path: Path, run: str) -> Path:
-    cfg = yaml.safe_load((REPO / "configs" / "local-tiny.yaml").read_text())
-    cfg.update(run=run, steps=200, calibrate_step=0)
-    cfg["model"]["path"] = str(SFT)
-    cfg["data"].update(groups_per_step=2, group_size=4)
-    cfg["eval"] = {"every": 0, "eval_seeds": 0, "heldout_seeds": 0, "at_start": False}
-    cfg["checkpoint"] = {"every": 1000}
-    cfg["ray"] = {"num_workers": 1}
-    cfg["fleet"].update(redis_url=stack.redis_url, sync_address=stack.sync_address,
-                        runs_root=str(stack.runs_root), min_replicas=1)
-    path = tmp_path / f"{run}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+def config(stack: LocalStack, tmp_path: Path, run: str) -> Path:
+    return learner_config(stack, tmp_path, run, steps=200, eval=NO_EVAL,
+                          data={"groups_per_step": 2, "group_size": 4},
+                          checkpoint={"every": 1000}, ray={"num_workers": 1})
 
 
 def steps(metrics: Path) -> list[dict]:
@@ -66,7 +55,7 @@ def test_the_learner_records_the_new_reward_from_the_next_step(tmp_path: Path,
     metrics = stack.runs_root / run / "metrics.jsonl"
     learner = subprocess.Popen(
         [sys.executable, "-m", "rlfleet.cli", "learner", "run", "--config",
-         str(learner_config(stack, tmp_path, run))],
+         str(config(stack, tmp_path, run))],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         env={**os.environ, **stack.service_env})
     try:

@@ -15,13 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from rlfleet.local.metrics import read_events
 from rlfleet.local.stack import start_stack
-
-REPO = Path(__file__).resolve().parents[2]
-SFT = REPO / "checkpoints" / "tiny-sft"
+from tests.factories import NO_EVAL, SFT, learner_config
 
 pytestmark = pytest.mark.slow
 
@@ -37,20 +34,12 @@ def test_the_learner_trains_on_a_skyrl_gym_environment(tmp_path: Path, procs) ->
     stack = start_stack(tmp_path, runs_root=tmp_path / "runs", run=run, model_dir=SFT,
                         replicas=1, group=procs, log=lambda *_: None,
                         env_args=["--skyrl-env", f"gsm8k_multi_turn={data}"])
-    cfg = yaml.safe_load((REPO / "configs" / "local-tiny.yaml").read_text())
-    cfg.update(run=run, steps=2, calibrate_step=0)
-    cfg["model"]["path"] = str(SFT)
     # size, cell_px and turn_margin stay as the maze config has them: the SkyRL task
     # ignores them (as the learner sends them for every task)
-    cfg["data"].update(task="skyrl:gsm8k_multi_turn", context="full", max_turns=2,
-                       groups_per_step=2, group_size=4)
-    cfg["eval"] = {"every": 0, "eval_seeds": 0, "heldout_seeds": 0, "at_start": False}
-    cfg["checkpoint"] = {"every": 1000}
-    cfg["ray"] = {"num_workers": 1}
-    cfg["fleet"].update(redis_url=stack.redis_url, sync_address=stack.sync_address,
-                        runs_root=str(stack.runs_root), min_replicas=1)
-    path = tmp_path / f"{run}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path = learner_config(stack, tmp_path, run, steps=2, eval=NO_EVAL,
+                          data={"task": "skyrl:gsm8k_multi_turn", "context": "full",
+                                "max_turns": 2, "groups_per_step": 2, "group_size": 4},
+                          checkpoint={"every": 1000}, ray={"num_workers": 1})
     learner = subprocess.Popen([sys.executable, "-m", "rlfleet.cli", "learner", "run",
                                 "--config", str(path)], stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True,

@@ -10,16 +10,17 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from rlfleet.local.stack import LocalStack, start_stack
 from rlfleet.registry import ReplicaRegistry, connect
 from rlfleet.storage import RunsRoot, latest_complete_checkpoint, list_versions
+from tests import factories
+from tests.factories import NO_EVAL, SFT
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-SFT = REPO / "checkpoints" / "tiny-sft"
+# the shipped SFT policy sampled hot (T = 3), in short episodes
+SHORT_EPISODES = {"groups_per_step": 2, "group_size": 4, "max_turns": 4, "temperature": 3.0}
+SHORT_RUN = {"eval": {"every": 0, "eval_seeds": 4, "heldout_seeds": 4},
+             "checkpoint": {"every": 1, "keep_last": 5}}
 
 
 @pytest.fixture
@@ -34,19 +35,10 @@ def stack(tmp_path: Path, procs):  # noqa: ANN201
 
 def learner_config(stack: LocalStack, tmp_path: Path, run: str, model_dir: Path, **over
                    ) -> Path:
-    cfg = yaml.safe_load((REPO / "configs" / "local-tiny.yaml").read_text())
-    cfg.update(run=run, steps=3, calibrate_step=0)
-    cfg["model"]["path"] = str(model_dir)
-    cfg["data"].update(groups_per_step=2, group_size=4, max_turns=4, temperature=3.0)
-    cfg["eval"] = {"every": 0, "eval_seeds": 4, "heldout_seeds": 4}
-    cfg["checkpoint"] = {"every": 1, "keep_last": 5}
-    cfg["fleet"].update(redis_url=stack.redis_url, sync_address=stack.sync_address,
-                        runs_root=str(stack.runs_root), min_replicas=1)
-    for key, value in over.items():
-        cfg[key] = value
-    path = tmp_path / f"{run}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    """A 3-step run: 2 groups of 4 four-turn episodes sampled hot, 4 eval and held-out
+    seeds, a checkpoint every step; `over` replaces top-level keys or sections."""
+    return factories.learner_config(stack, tmp_path, run, model_dir, data=SHORT_EPISODES,
+                                    **{"steps": 3, **SHORT_RUN, **over})
 
 
 def learner(config: Path, *extra: str, **kw) -> subprocess.Popen:  # noqa: ANN003
@@ -91,8 +83,7 @@ def test_resume_latest_without_a_checkpoint_says_so(stack: LocalStack, tmp_path:
 
 def test_killed_and_resumed_run_is_bit_identical(stack: LocalStack, tmp_path: Path,
                                                  ) -> None:
-    over = {"deterministic": True, "eval": {"every": 0, "eval_seeds": 0, "heldout_seeds": 0,
-                                            "at_start": False}}
+    over = {"deterministic": True, "eval": NO_EVAL}
     stack.add_replica("det-a", run="det-a")
     stack.add_replica("det-b", run="det-b")
     # the uninterrupted run

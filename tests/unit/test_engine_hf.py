@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
-from PIL import Image
 
 from rlfleet.engines import EngineError, GenerationRequest, SamplingConfig
 from rlfleet.engines.base import vision_token_ids
@@ -18,12 +15,10 @@ from rlfleet.policy import (
     collate,
     ensure_tiny_model,
     forward_logits,
-    image_to_data_url,
     load_policy,
     sequence_logprobs,
 )
-
-LORA_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj)"
+from tests.factories import image_request, save_peft_lora
 
 
 @pytest.fixture(scope="module")
@@ -38,30 +33,13 @@ def engine(tiny_dir):
     eng.close()
 
 
-def noise_image(size: int, seed: int) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
-
-
-def request(codec: ChatCodec, size: int, text: str, seed: int = 0) -> GenerationRequest:
-    msg = {
-        "role": "user",
-        "content": [
-            {"type": "image_url", "image_url": {"url": image_to_data_url(noise_image(size, seed))}},
-            {"type": "text", "text": text},
-        ],
-    }
-    enc = codec.encode_prompt([msg])
-    return GenerationRequest(enc.token_ids, enc.images)
-
-
 @pytest.fixture(scope="module")
 def requests_(engine) -> list[GenerationRequest]:
     c = engine.codec
     return [
-        request(c, 112, "Move.", 0),
-        request(c, 144, "You are navigating a 9x9 maze. Feedback: Moved up.", 1),
-        request(c, 176, "x", 2),
+        image_request(c, 112, "Move.", 0),
+        image_request(c, 144, "You are navigating a 9x9 maze. Feedback: Moved up.", 1),
+        image_request(c, 176, "x", 2),
     ]
 
 
@@ -174,7 +152,7 @@ def test_generation_stops_at_im_end(tiny_dir):
     torch.manual_seed(0)
     model, processor = load_policy(tiny_dir)
     codec = ChatCodec(processor)
-    req = request(codec, 112, "Move.", 3)
+    req = image_request(codec, 112, "Move.", 3)
     turn = processor.tokenizer.encode("('move', 0)", add_special_tokens=False) + [codec.im_end_id]
     ids = req.prompt_ids + turn
     mask = torch.zeros(len(ids))
@@ -213,32 +191,16 @@ def test_bad_requests_are_refused(engine, requests_):
 # -- LoRA --------------------------------------------------------------------------------
 
 
-def make_adapter(tiny_dir: Path, out: Path, seed: int):
-    """A PEFT LoRA (r=8 on q/k/v/o of the language model) with non-zero B, saved."""
-    model, _ = load_policy(tiny_dir)
-    peft_model = get_peft_model(
-        model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=LORA_TARGETS)
-    )
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-    assert not any("visual" in n for n, _ in peft_model.named_parameters() if "lora_" in n)
-    peft_model.save_pretrained(out)
-    assert (out / "adapter_config.json").is_file()
-    assert (out / "adapter_model.safetensors").is_file()
-    return peft_model.eval()
-
-
 def test_lora_adapters_load_switch_and_unload(tiny_dir, requests_, tmp_path):
     eng = HFEngine(tiny_dir)
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=8)
     sampled = SamplingConfig(temperature=1.0, max_new_tokens=8, seed=5)
     base = eng.generate(requests_, greedy)
 
-    peft_a = make_adapter(tiny_dir, tmp_path / "a", seed=1)
-    make_adapter(tiny_dir, tmp_path / "b", seed=2)
+    peft_a = save_peft_lora(tiny_dir, tmp_path / "a", seed=1)
+    save_peft_lora(tiny_dir, tmp_path / "b", seed=2)
+    # adapters on the language model only: the vision tower is never adapted
+    assert not any("visual" in n for n, _ in peft_a.named_parameters() if "lora_" in n)
     eng.load_adapter("a", str(tmp_path / "a"))
     eng.load_adapter("b", str(tmp_path / "b"))
     assert eng.adapters == ["a", "b"]

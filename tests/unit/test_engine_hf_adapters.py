@@ -8,20 +8,18 @@ import json
 import struct
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
-from PIL import Image
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from rlfleet.engines import EngineError, GenerationRequest, SamplingConfig
 from rlfleet.engines.hf import HFEngine, safetensors_views
-from rlfleet.policy import ChatCodec, ensure_tiny_model, image_to_data_url, load_policy
+from rlfleet.policy import ChatCodec, ensure_tiny_model
+from rlfleet.storage import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from tests.factories import image_request, save_peft_lora
 
-LORA_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj)"
-WEIGHTS, CONFIG = "adapter_model.safetensors", "adapter_config.json"
+WEIGHTS, CONFIG = ADAPTER_WEIGHTS_FILE, ADAPTER_CONFIG_FILE
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=8)
 
 
@@ -31,15 +29,7 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 
 def _adapter(tiny_dir: Path, out: Path, seed: int) -> dict[str, bytes]:
-    model, _ = load_policy(tiny_dir)
-    peft_model = get_peft_model(
-        model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=LORA_TARGETS))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-    peft_model.save_pretrained(out)
+    save_peft_lora(tiny_dir, out, seed)
     return {n: (out / n).read_bytes() for n in (WEIGHTS, CONFIG)}
 
 
@@ -50,15 +40,8 @@ def adapters(tiny_dir: Path, tmp_path_factory) -> dict[str, tuple[Path, dict[str
 
 
 def _requests(codec: ChatCodec) -> list[GenerationRequest]:
-    reqs = []
-    for i, (size, text) in enumerate(((112, "Move."), (144, "Feedback: Moved up."))):
-        img = Image.fromarray(np.random.default_rng(i).integers(0, 256, (size, size, 3),
-                                                                  dtype=np.uint8))
-        enc = codec.encode_prompt([{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": image_to_data_url(img)}},
-            {"type": "text", "text": text}]}])
-        reqs.append(GenerationRequest(enc.token_ids, enc.images))
-    return reqs
+    return [image_request(codec, size, text, seed=i)
+            for i, (size, text) in enumerate(((112, "Move."), (144, "Feedback: Moved up.")))]
 
 
 def _writable(files: dict[str, bytes]) -> dict[str, memoryview]:

@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
@@ -29,45 +28,13 @@ from rlfleet.engines.vllm import VLLMEngine
 from rlfleet.policy import (
     ChatCodec,
     ensure_tiny_model,
-    image_to_data_url,
-    load_policy,
     sequence_logprobs,
 )
+from tests.factories import noise_image, save_peft_lora, user_message
 
 pytestmark = pytest.mark.vllm
 
-LORA_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj)"
 LOGPROB_ATOL = 1e-3
-
-
-def noise_image(width: int, height: int, seed: int) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
-
-
-def user(*parts: object) -> dict:
-    content = []
-    for p in parts:
-        if isinstance(p, Image.Image):
-            content.append({"type": "image_url", "image_url": {"url": image_to_data_url(p)}})
-        else:
-            content.append({"type": "text", "text": str(p)})
-    return {"role": "user", "content": content}
-
-
-def make_adapter(model_dir: Path, out: Path, seed: int) -> Path:
-    """A PEFT LoRA (r=8 on q/k/v/o of the language model) with random non-zero B."""
-    model, _ = load_policy(model_dir, dtype=torch.float32)
-    peft_model = get_peft_model(
-        model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=LORA_TARGETS)
-    )
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-    peft_model.save_pretrained(out)
-    return out
 
 
 def eager_stop_variant(
@@ -95,16 +62,17 @@ def setup(tmp_path_factory):
     hf0 = HFEngine(tiny)
     codec = hf0.codec
     prompts = [
-        codec.encode_prompt([user(noise_image(112, 112, 0), "Move.")]),
+        codec.encode_prompt([user_message(noise_image(112, 112, 0), "Move.")]),
         codec.encode_prompt(
-            [user(noise_image(144, 96, 1), "You are navigating a 9x9 maze. Feedback: Moved up.")]
+            [user_message(noise_image(144, 96, 1),
+                          "You are navigating a 9x9 maze. Feedback: Moved up.")]
         ),
         # two images in one prompt, then a multi-turn history
         codec.encode_conversation(
             [
-                user(noise_image(64, 64, 2), "before", noise_image(80, 48, 3), "after"),
+                user_message(noise_image(64, 64, 2), "before", noise_image(80, 48, 3), "after"),
                 {"role": "assistant", "content": "<action>up</action>"},
-                user(noise_image(176, 176, 4), "x"),
+                user_message(noise_image(176, 176, 4), "x"),
             ]
         ),
     ]
@@ -113,7 +81,9 @@ def setup(tmp_path_factory):
     model = eager_stop_variant(
         tiny, root / "tiny-eager-stop", codec, requests[0].prompt_ids, requests[0].images
     )
-    adapters = {v: make_adapter(model, root / f"adapter-v{v}", seed=v) for v in (1, 2)}
+    adapters = {v: root / f"adapter-v{v}" for v in (1, 2)}
+    for v, path in adapters.items():
+        save_peft_lora(model, path, seed=v)
     return model, requests, adapters
 
 
