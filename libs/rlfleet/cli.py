@@ -1,5 +1,5 @@
 """The `rlfleet` command. Built-in sub-commands live in the library (health, conformance,
-scale); each service adds its own (`rlfleet env serve`, ...) through the
+scale, sft); each service adds its own (`rlfleet env serve`, ...) through the
 `rlfleet.commands` entry-point group, so the library never imports a service."""
 
 from __future__ import annotations
@@ -7,58 +7,100 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from importlib.metadata import entry_points
 
 from rlfleet import __version__
+from rlfleet.cliargs import Parser, address, positive_float
+
+# Registering a command imports only argparse-level code; each command imports what it
+# needs (grpc, torch, the kube client, ...) when it runs. `rlfleet health` is the pods'
+# readiness probe (5 s budget): it skips even the entry points.
+_LIBRARY_COMMANDS = (
+    ("rlfleet.conformance.cli", "register"),
+    ("rlfleet.sft.cli", "register"),
+    ("rlfleet.kube.scale", "register_scale_command"),
+)
+
+# What a health status other than SERVING means, for the one line `rlfleet health` prints.
+_HEALTH_MEANING = {
+    "NOT_SERVING": "the server is up but not ready",
+    "SERVICE_UNKNOWN": "the server has no such service",
+    "NOT_FOUND": "the server has no such service",
+    "UNAVAILABLE": "nothing answers there (no server listening, or not reachable)",
+    "DEADLINE_EXCEEDED": "no answer within the timeout",
+    "UNIMPLEMENTED": "the server has no gRPC health service",
+    "UNAUTHENTICATED": "the server asks for credentials on health checks",
+}
 
 
 def _health(args: argparse.Namespace) -> int:
     from rlfleet.rpc.health import check
 
     status = check(args.address, args.service, timeout_s=args.timeout)
-    print(status)
-    return 0 if status == "SERVING" else 1
+    if status == "SERVING":
+        print(status)
+        return 0
+    what = f"{args.address} ({args.service})" if args.service else args.address
+    meaning = _HEALTH_MEANING.get(status, "not serving")
+    print(f"rlfleet health: {what}: {status}: {meaning}", file=sys.stderr)
+    return 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlfleet", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"rlfleet {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    health = sub.add_parser("health", help="exit 0 iff a gRPC service reports SERVING")
-    health.add_argument("address", help="HOST:PORT")
-    health.add_argument("--service", default="", help="service name ('' = whole server)")
-    health.add_argument("--timeout", type=float, default=3.0)
+def _add_health(sub: argparse._SubParsersAction) -> None:
+    health = sub.add_parser(
+        "health", help="exit 0 iff a gRPC service reports SERVING",
+        description="Asks grpc.health.v1 at ADDRESS. Exit 0: SERVING (printed on stdout); "
+                    "1: anything else (one line on stderr says what); 2: bad arguments.")
+    health.add_argument("address", type=address, help="HOST:PORT of the server")
+    health.add_argument("--service", default="",
+                        help="service name to ask about ('' = the whole server)")
+    health.add_argument("--timeout", type=positive_float, default=3.0, metavar="SECONDS",
+                        help="how long to wait for the answer")
     health.set_defaults(func=_health)
 
-    from rlfleet.conformance.cli import register as register_conformance
 
-    register_conformance(sub)
-    # Optional parts: slim images (env, ckpt-sync) have neither torch nor the kube client.
-    for module, name in (("rlfleet.sft.cli", "register"),
-                         ("rlfleet.kube.scale", "register_scale_command")):
-        try:
-            register = getattr(importlib.import_module(module), name)
-        except ImportError:
-            continue
-        register(sub)
+def _add_all_commands(sub: argparse._SubParsersAction) -> None:
+    from importlib.metadata import entry_points
 
+    for module, name in _LIBRARY_COMMANDS:
+        getattr(importlib.import_module(module), name)(sub)
     for ep in sorted(entry_points(group="rlfleet.commands"), key=lambda e: e.name):
         try:
             register = ep.load()
-        except ImportError as exc:
+        except ImportError as exc:  # a service installed without its package's deps
             print(f"rlfleet: command '{ep.name}' unavailable: {exc}", file=sys.stderr)
             continue
         register(sub)
+
+
+def build_parser(only_health: bool = False) -> argparse.ArgumentParser:
+    """The `rlfleet` parser; `only_health`: just `rlfleet health` (the probes' fast path)."""
+    parser = Parser(prog="rlfleet", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"rlfleet {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_health(sub)
+    if not only_health:
+        _add_all_commands(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(only_health=argv[:1] == ["health"]).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as exc:  # a command of a part this installation lacks
+        print(f"rlfleet {args.command}: needs the Python package {exc.name!r}, which is not "
+              "installed here (install the matching extra)", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        from rlfleet.rpc.server import BindError  # loaded already if one was raised
+
+        if not isinstance(exc, BindError):
+            raise
+        print(f"rlfleet {args.command}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -22,6 +22,21 @@ class ConfigError(ValueError):
     """A configuration file or value is invalid."""
 
 
+def validation_summary(exc: ValidationError) -> str:
+    """A pydantic error in one line, every problem named by its field: what an operator
+    reads in a pod's events or a probe's log (pydantic's own text spans several lines)."""
+    problems = []
+    for error in exc.errors():
+        msg = error["msg"].removeprefix("Value error, ")  # a validator's own ValueError
+        if not error["loc"]:  # a check of the whole model: its input is the whole config
+            problems.append(msg)
+            continue
+        given = repr(error.get("input"))
+        given = given if len(given) <= 60 else given[:57] + "..."
+        problems.append(f"{'.'.join(str(p) for p in error['loc'])}: {msg} (got {given})")
+    return "; ".join(problems)
+
+
 def load_config(
     model: type[T],
     path: str | Path | None = None,
@@ -47,7 +62,8 @@ def load_config(
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"invalid {model.__name__} configuration:\n{exc}") from exc
+        raise ConfigError(f"invalid {model.__name__} configuration: "
+                          f"{validation_summary(exc)}") from exc
 
 
 def read_secret(name: str, env: dict[str, str] | None = None) -> str | None:

@@ -15,9 +15,13 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlfleet.cliargs import add_common_args
 from rlfleet.config import ConfigError, fleet_token, load_config
 from rlfleet.logs import setup_logging
-from rlfleet.rpc.server import GrpcServer, ServerConfig, TlsConfig
+from rlfleet.rpc.server import GrpcServer, ServerConfig, TlsConfig, unbindable
+
+__all__ = ["ServiceSettings", "add_common_args", "load_settings", "serve_forever",
+           "settings_or_exit"]
 
 S = TypeVar("S", bound="ServiceSettings")
 log = logging.getLogger(__name__)
@@ -78,19 +82,6 @@ class ServiceSettings(BaseModel):
         return tls
 
 
-def add_common_args(parser: argparse.ArgumentParser, port: int, metrics_port: int) -> None:
-    parser.add_argument("--config", help="YAML settings file (env RLFLEET_<KEY> overrides it)")
-    parser.add_argument("--host", help="address to bind (default 127.0.0.1; 0.0.0.0 in pods)")
-    parser.add_argument("--port", type=int, default=None, help=f"gRPC port (default {port})")
-    parser.add_argument(
-        "--metrics-port", type=int, default=None, help=f"Prometheus port (default {metrics_port})"
-    )
-    parser.add_argument("--log-level", default=None)
-    parser.add_argument("--insecure-no-auth", dest="auth", action="store_const", const="none",
-                        default=None,
-                        help="serve without the shared token (auth is required otherwise)")
-
-
 def load_settings(model: type[S], args: argparse.Namespace, **extra: object) -> S:
     """Settings from --config, RLFLEET_* env and the flags that were given."""
     flags = {
@@ -109,6 +100,13 @@ def settings_or_exit(model: type[S], args: argparse.Namespace, service: str) -> 
         token = settings.auth_token()  # an empty or missing token refuses to start here
     except ConfigError as exc:
         raise SystemExit(f"rlfleet {service}: {exc}") from None
+    # A taken port fails now, before a model loads for minutes (the server checks again
+    # when it binds: a port can be taken in between).
+    for what, port in (("gRPC", settings.port), ("metrics", settings.metrics_port)):
+        reason = unbindable(settings.host, port) if port is not None else None
+        if reason is not None:
+            raise SystemExit(f"rlfleet {service}: cannot listen for {what} on "
+                             f"{settings.host}:{port}: {reason}")
     setup_logging(service, settings.log_level)
     if token is None:
         log.warning("auth is off (--insecure-no-auth): any client may call this service")

@@ -6,10 +6,11 @@ import argparse
 import json
 import sys
 
-from rlfleet.config import read_secret
+from rlfleet.cliargs import address
 
 
 def _run(args: argparse.Namespace) -> int:
+    from rlfleet.config import read_secret
     from rlfleet.conformance.checks import Unreachable, run_checks
 
     try:
@@ -37,6 +38,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Runs the core checks (any implementation) and the task checks of the "
                     "rlfleet tasks the service lists. Exit 0: all passed; 1: a check failed; "
                     "2: nothing answers at the target.")
-    p.add_argument("--target", required=True, help="HOST:PORT of the service")
+    p.add_argument("--target", required=True, type=address, help="HOST:PORT of the service")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     p.set_defaults(func=_run)

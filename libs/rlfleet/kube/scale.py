@@ -218,7 +218,8 @@ def register_scale_command(subparsers: argparse._SubParsersAction) -> None:
         description="Scale the rollout Deployment of an rlfleet Helm release in the current "
         "kube context (kubectl's), e.g. `rlfleet scale rollout --replicas 4`.",
     )
-    rollout.add_argument("--replicas", type=_non_negative, required=True, metavar="N")
+    rollout.add_argument("--replicas", type=_non_negative, required=True, metavar="N",
+                         help="rollout replicas wanted (0 or more)")
     rollout.add_argument(
         "--release", default=DEFAULT_RELEASE, help=f"Helm release name (default: {DEFAULT_RELEASE})"
     )

@@ -9,55 +9,33 @@
 - ``sequence_logprobs``: per-token logprobs of whole sequences with images, one pass.
 """
 
-from rlfleet.policy.chat import (
-    ChatCodec,
-    ChatFormatError,
-    Encoded,
-    Transcript,
-    image_from_part,
-    image_to_data_url,
-)
-from rlfleet.policy.loading import (
-    PROFILES,
-    PolicyProcessor,
-    load_policy,
-    load_processor,
-    stop_token_ids,
-)
-from rlfleet.policy.logprobs import (
-    ModelBatch,
-    collate,
-    forward_logits,
-    mrope_positions,
-    sequence_logprobs,
-    token_logprobs,
-    unwrap,
-)
-from rlfleet.policy.profiles import resolve_model_dir
-from rlfleet.policy.tiny import PIXELS_PER_TOKEN, TinySpec, build_tiny_model, ensure_tiny_model
+from rlfleet.lazy import lazy_exports
 
-__all__ = [
-    "PIXELS_PER_TOKEN",
-    "PROFILES",
-    "ChatCodec",
-    "ChatFormatError",
-    "Encoded",
-    "ModelBatch",
-    "PolicyProcessor",
-    "TinySpec",
-    "Transcript",
-    "build_tiny_model",
-    "collate",
-    "ensure_tiny_model",
-    "forward_logits",
-    "image_from_part",
-    "image_to_data_url",
-    "load_policy",
-    "load_processor",
-    "mrope_positions",
-    "resolve_model_dir",
-    "sequence_logprobs",
-    "stop_token_ids",
-    "token_logprobs",
-    "unwrap",
-]
+# each public name -> the submodule that defines it, imported on first use
+_EXPORTS = {
+    "ChatCodec": "rlfleet.policy.chat",
+    "ChatFormatError": "rlfleet.policy.chat",
+    "Encoded": "rlfleet.policy.chat",
+    "ModelBatch": "rlfleet.policy.logprobs",
+    "PIXELS_PER_TOKEN": "rlfleet.policy.tiny",
+    "PROFILES": "rlfleet.policy.profiles",
+    "PolicyProcessor": "rlfleet.policy.loading",
+    "TinySpec": "rlfleet.policy.tiny",
+    "Transcript": "rlfleet.policy.chat",
+    "build_tiny_model": "rlfleet.policy.tiny",
+    "collate": "rlfleet.policy.logprobs",
+    "ensure_tiny_model": "rlfleet.policy.tiny",
+    "forward_logits": "rlfleet.policy.logprobs",
+    "image_from_part": "rlfleet.policy.chat",
+    "image_to_data_url": "rlfleet.policy.chat",
+    "load_policy": "rlfleet.policy.loading",
+    "load_processor": "rlfleet.policy.loading",
+    "mrope_positions": "rlfleet.policy.logprobs",
+    "resolve_model_dir": "rlfleet.policy.profiles",
+    "sequence_logprobs": "rlfleet.policy.logprobs",
+    "stop_token_ids": "rlfleet.policy.loading",
+    "token_logprobs": "rlfleet.policy.logprobs",
+    "unwrap": "rlfleet.policy.logprobs",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

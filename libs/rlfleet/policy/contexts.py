@@ -21,6 +21,8 @@ from __future__ import annotations
 import base64
 
 CONTEXTS = ("full", "last_frame", "frame_only")
+# the contexts whose every turn is a fresh prompt (what SFT trains on: one turn an example)
+PER_TURN_CONTEXTS = tuple(c for c in CONTEXTS if c != "full")
 
 
 def turn_text(context: str, instruction: str, status: str, feedback: str) -> str:

@@ -19,8 +19,6 @@ from transformers import AutoTokenizer, PreTrainedModel
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 
-PROFILES = ("tiny", "qwen3-vl-8b")
-
 
 class PolicyProcessor(Qwen3VLProcessor):
     """Qwen3-VL processor without a video processor (images only, no torchvision)."""

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlfleet.policy.loading import PROFILES, check_checkpoint
-from rlfleet.policy.tiny import ensure_tiny_model
+# The policy profiles, defined here once (settings, CLI choices and serving profiles use
+# them). This module imports no torch at import time, so the `rlfleet` command can read it.
+PROFILES = ("tiny", "qwen3-vl-8b")
 
 
 def resolve_model_dir(
@@ -24,6 +25,9 @@ def resolve_model_dir(
     """
     if profile not in PROFILES:
         raise ValueError(f"unknown policy profile {profile!r}; expected one of {PROFILES}")
+    from rlfleet.policy.loading import check_checkpoint
+    from rlfleet.policy.tiny import ensure_tiny_model
+
     if model_path is not None:
         # Every service resolves its model here before anything loads it (the hf engine,
         # vLLM, the learner), so an incomplete checkpoint fails at start with one error

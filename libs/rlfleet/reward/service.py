@@ -3,7 +3,6 @@ serves one (`rlfleet.reward.serve` / `main`)."""
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +10,7 @@ import grpc
 from pydantic import Field, create_model
 
 from rlfleet import limits
+from rlfleet.cliargs import Parser, add_setting
 from rlfleet.reward import Episode, RewardFunction
 from rlfleet.rpc.errors import InvalidArgument, NotFound, RpcError
 from rlfleet.rpc.server import GrpcServer
@@ -104,16 +104,15 @@ def run(server: GrpcServer, reward: RewardFunction, settings: Any = None) -> int
 
 def main(reward: RewardFunction, argv: Sequence[str] | None = None, *, prog: str | None = None,
          port: int = 50061, metrics_port: int = 9111) -> int:
-    parser = argparse.ArgumentParser(
-        prog=prog, description=f"the {reward.name} {reward.version} reward service")
-    add_common_args(parser, port=port, metrics_port=metrics_port)
-    parser.add_argument("--grace-s", type=float, default=None,
-                        help="seconds calls in flight get to finish on SIGTERM")
-    args = parser.parse_args(argv)
     model = create_model(
         "RewardSettings", __base__=RewardSettings,
         port=(int, Field(port, ge=0, le=65535)),
         metrics_port=(int | None, Field(metrics_port, ge=0, le=65535)),
     )
+    parser = Parser(prog=prog, description=f"the {reward.name} {reward.version} reward service")
+    add_common_args(parser, model)
+    add_setting(parser, "--grace-s", model, type=float,
+                help="seconds calls in flight get to finish on SIGTERM")
+    args = parser.parse_args(argv)
     settings = settings_or_exit(model, args, f"reward {reward.name}")
     return run(build_server(reward, settings), reward, settings)

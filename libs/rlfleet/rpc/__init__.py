@@ -1,25 +1,20 @@
 """The rpc layer every service uses: a server bootstrap (health, reflection, metrics,
 auth, size limits, graceful drain) and a client (deadlines, retries, several addresses)."""
 
-from rlfleet.rpc.client import RpcClient
-from rlfleet.rpc.errors import (
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    ResourceExhausted,
-    RpcError,
-    Unavailable,
-)
-from rlfleet.rpc.server import GrpcServer, ServerConfig
+from rlfleet.lazy import lazy_exports
 
-__all__ = [
-    "FailedPrecondition",
-    "GrpcServer",
-    "InvalidArgument",
-    "NotFound",
-    "ResourceExhausted",
-    "RpcClient",
-    "RpcError",
-    "ServerConfig",
-    "Unavailable",
-]
+# each public name -> the submodule that defines it, imported on first use (so a health
+# probe that needs only the client does not import the server side: prometheus, reflection)
+_EXPORTS = {
+    "FailedPrecondition": "rlfleet.rpc.errors",
+    "GrpcServer": "rlfleet.rpc.server",
+    "InvalidArgument": "rlfleet.rpc.errors",
+    "NotFound": "rlfleet.rpc.errors",
+    "ResourceExhausted": "rlfleet.rpc.errors",
+    "RpcClient": "rlfleet.rpc.client",
+    "RpcError": "rlfleet.rpc.errors",
+    "ServerConfig": "rlfleet.rpc.server",
+    "Unavailable": "rlfleet.rpc.errors",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

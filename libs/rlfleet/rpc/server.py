@@ -15,8 +15,10 @@ wait for their request; beyond that bound calls are refused at the headers.
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from concurrent import futures
@@ -37,6 +39,33 @@ from rlfleet.rpc.interceptors import (
 )
 
 log = logging.getLogger(__name__)
+
+
+class BindError(OSError):
+    """A port a server was asked to listen on cannot be had; the message says which and
+    why (in use, or an address that is not this machine's), in one line for the operator."""
+
+
+def unbindable(host: str, port: int) -> str | None:
+    """Why `host:port` cannot be listened on (in use, not this machine's address, unknown
+    host), or None if it can. Tried with a plain socket first because gRPC's own failure
+    names no reason and logs a C-core error line before raising."""
+    name = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        return f"unknown host {host!r} ({getattr(exc, 'strerror', None) or exc})"
+    family, kind, proto, _, sockaddr = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC and http do
+        try:
+            probe.bind(sockaddr)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return "address already in use (another process listens there)"
+            return exc.strerror or str(exc)
+    return None
+
 
 # A function that adds one servicer to the server and returns its full service name,
 # e.g. lambda s: add_EnvServiceServicer_to_server(servicer, s) or "rlfleet.v1.EnvService".
@@ -95,12 +124,20 @@ class GrpcServer:
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self._server
         )
         address = f"{config.host}:{config.port}"
-        if config.tls:
-            self.port = self._server.add_secure_port(address, _server_credentials(config.tls))
-        else:
-            self.port = self._server.add_insecure_port(address)
-        if self.port == 0:
-            raise OSError(f"{name}: cannot bind {address}")
+        reason = unbindable(config.host, config.port)
+        if reason is None:
+            try:
+                if config.tls:
+                    self.port = self._server.add_secure_port(address,
+                                                             _server_credentials(config.tls))
+                else:
+                    self.port = self._server.add_insecure_port(address)
+            except RuntimeError:  # grpcio >= 1.60 raises where it returned 0 before
+                self.port = 0
+            reason = "gRPC could not bind it" if self.port == 0 else None
+        if reason is not None:
+            self._reaper.stop()
+            raise BindError(f"cannot listen for {name} gRPC on {address}: {reason}")
         self.metrics_port: int | None = None
         self._metrics_httpd = None
         self._stopped = threading.Event()
@@ -113,7 +150,16 @@ class GrpcServer:
         """Starts listening. `serving=False` keeps health NOT_SERVING until the service says
         it is ready (e.g. a rollout replica that is still loading its adapter)."""
         if self.config.metrics_port is not None:
-            httpd, _ = start_http_server(self.config.metrics_port, addr=self.config.host)
+            try:
+                httpd, _ = start_http_server(self.config.metrics_port, addr=self.config.host)
+            except OSError as exc:
+                self._reaper.stop()
+                self._server.stop(0)
+                where = f"{self.config.host}:{self.config.metrics_port}"
+                reason = (unbindable(self.config.host, self.config.metrics_port)
+                          or exc.strerror or str(exc))
+                raise BindError(f"cannot listen for {self.name} metrics on {where}: "
+                                f"{reason}") from None
             self._metrics_httpd = httpd
             self.metrics_port = httpd.server_address[1]
         self.set_serving(serving)

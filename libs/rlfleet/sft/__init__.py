@@ -7,29 +7,22 @@
 - ``rlfleet.sft.cli.register``: the ``rlfleet sft`` command.
 """
 
-from rlfleet.sft.data import (
-    DataMix,
-    SFTExample,
-    encode_example,
-    example_stream,
-    floor_cell_examples,
-    maze_examples,
-    played_examples,
-)
-from rlfleet.sft.evaluate import evaluate_greedy, solve_rate_stderr
-from rlfleet.sft.train import SFTConfig, save_policy, train_sft
+from rlfleet.lazy import lazy_exports
 
-__all__ = [
-    "DataMix",
-    "SFTConfig",
-    "SFTExample",
-    "encode_example",
-    "evaluate_greedy",
-    "example_stream",
-    "floor_cell_examples",
-    "maze_examples",
-    "played_examples",
-    "save_policy",
-    "solve_rate_stderr",
-    "train_sft",
-]
+# each public name -> the submodule that defines it, imported on first use
+_EXPORTS = {
+    "DataMix": "rlfleet.sft.data",
+    "SFTConfig": "rlfleet.sft.train",
+    "SFTExample": "rlfleet.sft.data",
+    "encode_example": "rlfleet.sft.data",
+    "evaluate_greedy": "rlfleet.sft.evaluate",
+    "example_stream": "rlfleet.sft.data",
+    "floor_cell_examples": "rlfleet.sft.data",
+    "maze_examples": "rlfleet.sft.data",
+    "played_examples": "rlfleet.sft.data",
+    "save_policy": "rlfleet.sft.train",
+    "solve_rate_stderr": "rlfleet.sft.evaluate",
+    "train_sft": "rlfleet.sft.train",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

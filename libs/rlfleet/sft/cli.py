@@ -7,17 +7,21 @@ import shlex
 import sys
 from pathlib import Path
 
+from rlfleet.cliargs import Parser
+from rlfleet.policy.contexts import PER_TURN_CONTEXTS
+
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="output model directory")
     p.add_argument("--size", type=int, default=7, help="maze size (odd, walls included)")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps")
+    p.add_argument("--steps", type=int, default=None,
+                   help="optimizer steps (default: none: give --steps, --minutes or both)")
     p.add_argument("--minutes", type=float, default=None,
                    help="training-time budget (evaluation not counted); with --steps, "
                         "whichever ends first")
-    p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=5e-4, help="peak learning rate")
+    p.add_argument("--batch", type=int, default=64, help="examples per optimizer step")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data and the init")
     p.add_argument("--base", type=Path, default=None,
                    help="base model directory (default: the tiny base in $RLFLEET_CACHE)")
     p.add_argument("--warmup", type=int, default=20, help="linear warm-up steps")
@@ -27,21 +31,22 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where a cosine/linear decay ends (default: --steps)")
     p.add_argument("--min-lr-ratio", type=float, default=0.1,
                    help="lr at the end of the decay, as a share of --lr")
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    p.add_argument("--grad-clip", type=float, default=1.0,
+                   help="clip the gradient norm to this")
     p.add_argument("--qk-gain", type=float, default=1.0,
                    help="start the language model's q/k RMSNorm gains at this value (fresh "
                         "base: 1.0), which lets attention get sharp enough to read the maze")
     p.add_argument("--agent-aux", type=float, default=0.0,
                    help="weight of an auxiliary loss at the agent cell's image token: "
                         "cross entropy against a uniform choice of the legal moves")
-    p.add_argument("--context", choices=["last_frame", "frame_only"], default="last_frame",
+    p.add_argument("--context", choices=PER_TURN_CONTEXTS, default="last_frame",
                    help="prompt format to train and evaluate (rlfleet.policy.contexts); "
                         "serve the model with the same context")
     p.add_argument("--short-steps", type=int, default=0,
                    help="curriculum: the first N steps use the frame_only wording (frame + "
                         "feedback); later steps and evaluation use --context")
-    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--log-every", type=int, default=10, help="log a line every N steps")
     p.add_argument("--eval-every", type=int, default=0,
                    help="greedy eval on the 64 eval mazes every N steps (0: only at the end)")
     p.add_argument("--snapshots", action="store_true",
@@ -111,7 +116,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlfleet")
+    parser = Parser(prog="rlfleet")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rlfleet.config import ConfigError
-from rlfleet.service import add_common_args, serve_forever, settings_or_exit
+from rlfleet.cliargs import add_common_args, add_setting
+
+# named, not imported: registering the command must not import pydantic or grpc
+SETTINGS = "rlfleet_ckptsync.server:SyncSettings"
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from rlfleet.config import ConfigError
+    from rlfleet.service import serve_forever, settings_or_exit
     from rlfleet_ckptsync.server import SyncSettings, make_server
 
     settings = settings_or_exit(SyncSettings, args, "ckptsync")
@@ -29,11 +33,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ckptsync", help="the checkpoint-sync service")
     p_sub = p.add_subparsers(dest="subcommand", required=True)
     serve = p_sub.add_parser("serve", help="publish adapter versions, track replicas")
-    add_common_args(serve, port=50053, metrics_port=9103)
-    serve.add_argument("--redis-url", default=None)
-    serve.add_argument("--runs-root", type=Path, default=None)
-    serve.add_argument("--keep-last", type=int, default=None)
-    serve.add_argument("--gc-delay-s", type=float, default=None,
-                       help="collect old versions at the latest this long after a publish "
-                            "(default 10; sooner once every replica serves it)")
+    add_common_args(serve, SETTINGS)
+    add_setting(serve, "--redis-url", SETTINGS, metavar="URL", help="the fleet registry")
+    add_setting(serve, "--runs-root", SETTINGS, type=Path, metavar="DIR",
+                help="runs directory (adapter versions on /shared)")
+    add_setting(serve, "--keep-last", SETTINGS, type=int, metavar="N",
+                help="adapter versions kept per run")
+    add_setting(serve, "--gc-delay-s", SETTINGS, type=float, metavar="SECONDS",
+                help="collect old versions at the latest this long after a publish (sooner "
+                     "once every replica serves the new one)")
     serve.set_defaults(func=_serve)

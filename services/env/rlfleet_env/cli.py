@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from rlfleet.service import add_common_args, serve_forever, settings_or_exit
+from rlfleet.cliargs import add_common_args, add_setting, field_choices
+
+# named, not imported: registering the command must not import pydantic or grpc
+SETTINGS = "rlfleet_env.server:EnvSettings"
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from rlfleet.service import serve_forever, settings_or_exit
     from rlfleet_env.server import EnvSettings, banner, make_server
 
     settings = settings_or_exit(EnvSettings, args, "env")
@@ -25,21 +29,22 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "(maze_2d, maze_2d_hard), from `rlfleet.tasks` entry points and from "
                     "--skyrl-env; reward functions from rlfleet (task, format+task) and from "
                     "`rlfleet.rewards` entry points.")
-    add_common_args(serve, port=50051, metrics_port=9101)
-    serve.add_argument("--role", choices=["env+reward", "env", "reward"], default=None,
-                       help="which contracts to serve (default env+reward: both on one "
-                            "port; run env and reward apart to change one without the "
-                            "other, and point replicas at both with --env-address and "
-                            "--reward-address)")
-    serve.add_argument("--reward", default=None,
-                       help="reward function: task (default), format+task, or the name of "
-                            "an `rlfleet.rewards` entry point")
-    serve.add_argument("--tasks", default=None,
-                       help="comma-separated task names to serve (default: every task)")
-    serve.add_argument("--skyrl-env", action="append", default=None, metavar="ENV_ID[=DATA]",
-                       help="serve a registered skyrl-gym environment as task skyrl:ENV_ID; "
-                            "DATA is a JSON-lines file of SkyRL dataset rows (prompt, "
-                            "reward_spec, extra_info), row = seed mod rows (repeatable)")
-    serve.add_argument("--max-episodes", type=int, default=None)
-    serve.add_argument("--episode-ttl-s", type=float, default=None)
+    add_common_args(serve, SETTINGS)
+    add_setting(serve, "--role", SETTINGS, choices=field_choices(SETTINGS, "role"),
+                help="which contracts to serve (env+reward: both on one port; run env and "
+                     "reward apart to change one without the other, and point replicas at "
+                     "both with --env-address and --reward-address)")
+    add_setting(serve, "--reward", SETTINGS,
+                help="reward function: task, format+task, or the name of an "
+                     "`rlfleet.rewards` entry point")
+    add_setting(serve, "--tasks", SETTINGS, metavar="NAME[,NAME...]",
+                help="task names to serve (default: [], every registered task)")
+    add_setting(serve, "--skyrl-env", SETTINGS, action="append", metavar="ENV_ID[=DATA]",
+                help="serve a registered skyrl-gym environment as task skyrl:ENV_ID; DATA is "
+                     "a JSON-lines file of SkyRL dataset rows (prompt, reward_spec, "
+                     "extra_info), row = seed mod rows (repeatable; default: none)")
+    add_setting(serve, "--max-episodes", SETTINGS, type=int, metavar="N",
+                help="episodes open at once")
+    add_setting(serve, "--episode-ttl-s", SETTINGS, type=float, metavar="SECONDS",
+                help="an idle episode is closed after this long")
     serve.set_defaults(func=_serve)

@@ -13,12 +13,10 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-import yaml
-from pydantic import ValidationError
+from rlfleet.cliargs import LOG_LEVELS
 
-from rlfleet.config import ConfigError
-from rlfleet.logs import setup_logging
-
+# Registering `rlfleet learner` imports no more than this; yaml, pydantic, ray and torch
+# are imported by the functions that use them.
 log = logging.getLogger(__name__)
 
 
@@ -35,6 +33,10 @@ ENV_OVERRIDES = {
 
 def learner_config(path: str | Path, env: Mapping[str, str], **flags: object):  # noqa: ANN201
     """The learner config: the YAML file, then ENV_OVERRIDES, then flags (steps, run)."""
+    import yaml
+    from pydantic import ValidationError
+
+    from rlfleet.config import ConfigError, validation_summary
     from rlfleet_learner.config import LearnerConfig
 
     try:
@@ -53,7 +55,8 @@ def learner_config(path: str | Path, env: Mapping[str, str], **flags: object):  
     try:
         return LearnerConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"invalid learner configuration {path}:\n{exc}") from exc
+        raise ConfigError(f"invalid learner configuration {path}: "
+                          f"{validation_summary(exc)}") from exc
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -61,6 +64,8 @@ def _run(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from rlfleet.clients.rollout_pool import InsufficientCapacity
+    from rlfleet.config import ConfigError
+    from rlfleet.logs import setup_logging
     from rlfleet.policy.loading import CheckpointError
     from rlfleet.storage import PathOutsideRunsRoot
     from rlfleet.storage.checkpoints import CheckpointError as DamagedCheckpoint
@@ -125,16 +130,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("learner", help="the GRPO learner (a Ray job)")
     p_sub = p.add_subparsers(dest="subcommand", required=True)
     run = p_sub.add_parser("run", help="train")
-    run.add_argument("--config", required=True, help="learner YAML (see configs/)")
+    run.add_argument("--config", required=True, metavar="FILE", help="learner YAML (see configs/)")
     run.add_argument("--resume", default="none",
                      help="none (fresh; refused over a run that has checkpoints), latest "
                           "(newest intact checkpoint; error if none), auto (latest if any, "
                           "else fresh: what a deployment uses), or a checkpoint path under "
                           "the runs root")
-    run.add_argument("--steps", type=int, default=None)
-    run.add_argument("--run", default=None, help="run name (overrides the config)")
-    run.add_argument("--metrics-port", type=int, default=None)
-    run.add_argument("--metrics-host", default="127.0.0.1")
-    run.add_argument("--summary", default=None, help="write the final summary JSON here")
-    run.add_argument("--log-level", default="WARNING")
+    run.add_argument("--steps", type=int, default=None,
+                     help="steps to train (default: the config's)")
+    run.add_argument("--run", default=None, help="run name (default: the config's)")
+    run.add_argument("--metrics-port", type=int, default=None,
+                     help="Prometheus port (default: RLFLEET_METRICS_PORT, else no endpoint)")
+    run.add_argument("--metrics-host", default="127.0.0.1",
+                     help="address of the metrics endpoint (RLFLEET_HOST overrides it)")
+    run.add_argument("--summary", default=None, metavar="FILE",
+                     help="write the final summary JSON here (default: none)")
+    run.add_argument("--log-level", default="WARNING", type=str.upper,
+                     choices=LOG_LEVELS,
+                     help="log level")
     run.set_defaults(func=_run)

@@ -8,16 +8,24 @@ import sys
 import uuid
 from pathlib import Path
 
-from rlfleet.service import add_common_args, serve_forever, settings_or_exit
+from rlfleet.cliargs import add_common_args, add_setting, address, directory, field_choices
+from rlfleet.policy.contexts import CONTEXTS
+from rlfleet.policy.profiles import PROFILES
+
+# named, not imported: registering the command must not import pydantic, torch or grpc
+SETTINGS = "rlfleet_rollout.settings:RolloutSettings"
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from rlfleet.service import serve_forever, settings_or_exit
+    from rlfleet_rollout.settings import RolloutSettings
+
+    # settings (and their ports) first: a bad flag fails before torch loads
+    settings = settings_or_exit(RolloutSettings, args, "rollout")
     from rlfleet.config import ConfigError
     from rlfleet.policy.loading import CheckpointError
     from rlfleet_rollout.server import build_replica
-    from rlfleet_rollout.settings import RolloutSettings
 
-    settings = settings_or_exit(RolloutSettings, args, "rollout")
     try:
         replica = build_replica(settings)
     except (ConfigError, CheckpointError) as exc:
@@ -92,35 +100,62 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rollout", help="rollout replicas")
     p_sub = p.add_subparsers(dest="subcommand", required=True)
     serve = p_sub.add_parser("serve", help="serve a rollout replica")
-    add_common_args(serve, port=50052, metrics_port=9102)
-    for flag, kind in (("--engine", str), ("--profile", str), ("--model", Path),
-                       ("--model-cache", Path), ("--device", str), ("--torch-threads", int),
-                       ("--env-address", str), ("--reward-address", str),
-                       ("--redis-url", str), ("--sync-address", str), ("--runs-root", Path),
-                       ("--run", str), ("--replica-id", str), ("--advertise-address", str),
-                       ("--max-batch", int), ("--max-groups", int), ("--max-episodes", int),
-                       ("--adapter-wait-s", float), ("--max-staleness", int), ("--cell-px", int),
-                       ("--heartbeat-s", float), ("--heartbeat-ttl-s", float)):
-        serve.add_argument(flag, type=kind, default=None)
-    serve.add_argument("--engine-args", type=json.loads, default=None,
-                       help='engine keyword arguments as JSON, e.g. \'{"dtype": "float32"}\'')
+    add_common_args(serve, SETTINGS)
+    flag = lambda name, help, **kw: add_setting(serve, name, SETTINGS, help=help, **kw)  # noqa: E731
+    flag("--engine", choices=field_choices(SETTINGS, "engine"), help="inference engine")
+    flag("--engine-args", type=json.loads,
+         help='engine keyword arguments as JSON, e.g. \'{"dtype": "float32"}\'')
+    flag("--profile", choices=PROFILES,
+         help="policy profile (model family and serving limits)")
+    flag("--model", type=directory, metavar="DIR",
+         help="model directory (default: none; tiny: built into --model-cache)")
+    flag("--model-cache", type=Path, metavar="DIR", help="where the tiny model is built")
+    flag("--device", help="torch device of the hf engine (cpu, cuda, cuda:1)")
+    flag("--torch-threads", type=int, metavar="N",
+         help="torch intra-op threads (default: none, torch's own)")
+    flag("--env-address", type=address, metavar="HOST:PORT", help="the env service")
+    flag("--reward-address", type=address, metavar="HOST:PORT",
+         help="the reward service (default: '', the env address)")
+    flag("--redis-url", metavar="URL",
+         help="fleet registry (default: '', no heartbeats and no hot-load events)")
+    flag("--sync-address", type=address, metavar="HOST:PORT",
+         help="ckpt-sync, for acknowledgements (default: '', none)")
+    flag("--runs-root", type=Path, metavar="DIR", help="runs directory (adapters on /shared)")
+    flag("--run", help="run whose adapters this replica serves")
+    flag("--replica-id", help="name in the registry (default: HOSTNAME-PID)")
+    flag("--advertise-address", type=address, metavar="HOST:PORT",
+         help="how the learner reaches this replica (default: '', --host:--port)")
+    flag("--max-batch", type=int, metavar="N", help="sequences per engine batch")
+    flag("--max-groups", type=int, metavar="N", help="groups played at once")
+    flag("--max-episodes", type=int, metavar="N", help="episodes played at once, all groups")
+    flag("--adapter-wait-s", type=float, metavar="SECONDS",
+         help="how long a group waits for the adapter version it asks for")
+    flag("--max-staleness", type=int, metavar="N",
+         help="versions older than the live one minus N are unloaded")
+    flag("--cell-px", type=int, metavar="PX",
+         help="maze render size asked of the env (0: the profile's)")
+    flag("--heartbeat-s", type=float, metavar="SECONDS", help="registry heartbeat period")
+    flag("--heartbeat-ttl-s", type=float, metavar="SECONDS",
+         help="registry entry lifetime without a heartbeat")
     serve.set_defaults(func=_serve)
 
     sample = p_sub.add_parser("sample", help="roll out one group and print the trajectories")
-    sample.add_argument("--target", default=None,
+    sample.add_argument("--target", type=address, default=None, metavar="HOST:PORT",
                         help="HOST:PORT of a rollout replica (default: play in this process "
                              "with --model against --env-address)")
     sample.add_argument("--model", type=Path, default=None,
                         help="model dir for in-process play (default: the tiny base)")
-    sample.add_argument("--env-address", default=None)
-    sample.add_argument("--task", default="maze_2d")
-    sample.add_argument("--seed", type=int, default=1_000_000)
-    sample.add_argument("--size", type=int, default=0)
-    sample.add_argument("--max-turns", type=int, default=0)
-    sample.add_argument("--group-size", type=int, default=4)
-    sample.add_argument("--temperature", type=float, default=1.0)
-    sample.add_argument("--max-new-tokens", type=int, default=8)
-    sample.add_argument("--sampling-seed", type=int, default=0)
-    sample.add_argument("--context", default="full", choices=["full", "last_frame", "frame_only"])
+    sample.add_argument("--env-address", type=address, default=None, metavar="HOST:PORT",
+                        help="env service for in-process play (default: none)")
+    sample.add_argument("--task", default="maze_2d", help="task name")
+    sample.add_argument("--seed", type=int, default=1_000_000, help="task seed")
+    sample.add_argument("--size", type=int, default=0, help="maze size (0: the task's)")
+    sample.add_argument("--max-turns", type=int, default=0, help="turn limit (0: the task's)")
+    sample.add_argument("--group-size", type=int, default=4, help="episodes in the group")
+    sample.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    sample.add_argument("--max-new-tokens", type=int, default=8, help="tokens per turn")
+    sample.add_argument("--sampling-seed", type=int, default=0, help="sampling seed")
+    sample.add_argument("--context", default="full", choices=CONTEXTS,
+                        help="what the policy sees each turn (rlfleet.policy.contexts)")
     sample.add_argument("--key", default=None, help="idempotency key (default: random)")
     sample.set_defaults(func=_sample)

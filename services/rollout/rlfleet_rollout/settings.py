@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from rlfleet.policy.profiles import PROFILES
 from rlfleet.service import ServiceSettings
 
 
@@ -19,7 +20,7 @@ class RolloutSettings(ServiceSettings):
     # extra keyword arguments for the engine, e.g. for vllm {"max_lora_rank": 64,
     # "gpu_memory_utilization": 0.85, "dtype": "bfloat16"}
     engine_args: dict[str, Any] = Field(default_factory=dict)
-    profile: Literal["tiny", "qwen3-vl-8b"] = "tiny"
+    profile: Literal[PROFILES] = "tiny"  # type: ignore[valid-type]  # one definition
     model: Path | None = None  # model directory; tiny: built into model_cache if unset
     model_cache: Path = Path(os.environ.get("RLFLEET_CACHE", "~/.cache/rlfleet")).expanduser()
     device: str = "cpu"
