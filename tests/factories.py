@@ -128,19 +128,23 @@ NO_EVAL = {"every": 0, "eval_seeds": 0, "heldout_seeds": 0, "at_start": False}
 
 
 def learner_config(stack: LocalStack, tmp_path: Path, run: str, model_dir: Path = SFT, *,
-                   data: Mapping[str, Any] | None = None, **sections: Any) -> Path:
-    """A learner config file for `run` on `stack`'s fleet: configs/local-tiny.yaml with
-    the stack's Redis, ckpt-sync and runs root, one replica enough to start, the policy of
-    `model_dir` and no calibration step. `data` updates the data section; every other
-    keyword replaces a top-level key or a whole section (``steps=3``, ``eval=NO_EVAL``)."""
+                   base: str = "local-tiny.yaml", model: Mapping[str, Any] | None = None,
+                   data: Mapping[str, Any] | None = None, grpo: Mapping[str, Any] | None = None,
+                   fleet: Mapping[str, Any] | None = None, **sections: Any) -> Path:
+    """A learner config file for `run` on `stack`'s fleet: configs/`base` with the stack's
+    Redis, ckpt-sync and runs root, one replica enough to start, the policy of
+    `model_dir` and no calibration step. `model`, `data`, `grpo` and `fleet` update those
+    sections; every other keyword replaces a top-level key or a whole section
+    (``steps=3``, ``eval=NO_EVAL``)."""
     import yaml
 
-    cfg = yaml.safe_load((REPO / "configs" / "local-tiny.yaml").read_text())
+    cfg = yaml.safe_load((REPO / "configs" / base).read_text())
     cfg.update(run=run, calibrate_step=0)
-    cfg["model"]["path"] = str(model_dir)
+    cfg["model"].update(path=str(model_dir), **(model or {}))
     cfg["data"].update(data or {})
+    cfg.setdefault("grpo", {}).update(grpo or {})
     cfg["fleet"].update(redis_url=stack.redis_url, sync_address=stack.sync_address,
-                        runs_root=str(stack.runs_root), min_replicas=1)
+                        runs_root=str(stack.runs_root), min_replicas=1, **(fleet or {}))
     cfg.update(sections)
     path = tmp_path / f"{run}.yaml"
     path.write_text(yaml.safe_dump(cfg))

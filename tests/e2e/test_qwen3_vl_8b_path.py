@@ -15,13 +15,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from rlfleet.engines.vllm import default_venv_python
 from rlfleet.local.metrics import read_events
 from rlfleet.local.stack import start_stack
 from rlfleet.rpc import RpcClient
 from rlfleet.v1 import rollout_pb2, rollout_pb2_grpc
+from tests import factories
+from tests.factories import NO_EVAL
 from tests.scaled_8b import build_scaled_8b
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -31,21 +32,13 @@ RUN = "scaled-8b"
 
 
 def learner_config(tmp_path: Path, model: Path, stack) -> Path:  # noqa: ANN001
-    cfg = yaml.safe_load((REPO / "configs" / "qwen3-vl-8b-hyperpod.yaml").read_text())
-    cfg.update(run=RUN, steps=2, mode="sync")
     # the CPU: fp32, one thread, no GPUs asked of Ray; everything else is the 8B's
-    cfg["model"].update(path=str(model), device="cpu", dtype="float32", torch_threads=1)
-    cfg["data"].update(groups_per_step=2, group_size=8, max_turns=2, max_new_tokens=4)
-    cfg["grpo"].update(micro_batch_size=8)
-    cfg["eval"] = {"every": 0, "eval_seeds": 0, "heldout_seeds": 0, "at_start": False}
-    cfg["checkpoint"] = {"every": 1000}
-    cfg["ray"] = {"num_workers": 1, "num_gpus_per_worker": 0}
-    cfg["fleet"].update(redis_url=stack.redis_url, sync_address=stack.sync_address,
-                        runs_root=str(stack.runs_root), min_replicas=1,
-                        max_groups_in_flight=2)
-    path = tmp_path / "learner.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return factories.learner_config(
+        stack, tmp_path, RUN, model, base="qwen3-vl-8b-hyperpod.yaml", steps=2, mode="sync",
+        model={"device": "cpu", "dtype": "float32", "torch_threads": 1},
+        data={"groups_per_step": 2, "group_size": 8, "max_turns": 2, "max_new_tokens": 4},
+        grpo={"micro_batch_size": 8}, eval=NO_EVAL, checkpoint={"every": 1000},
+        ray={"num_workers": 1, "num_gpus_per_worker": 0}, fleet={"max_groups_in_flight": 2})
 
 
 def test_the_8b_path_rolls_out_on_vllm_trains_and_hot_swaps(tmp_path: Path, procs) -> None:

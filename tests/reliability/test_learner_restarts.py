@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from rlfleet.local.metrics import lineage_steps, read_events
 from rlfleet.local.stack import LocalStack, start_stack
@@ -41,9 +40,9 @@ from rlfleet.storage import (
 )
 from rlfleet.storage.checkpoints import OPTIMIZER_FILE
 from rlfleet_learner.cursor import SeedCursor
+from tests import factories
+from tests.factories import NO_EVAL, SFT
 
-REPO = Path(__file__).resolve().parents[2]
-SFT = REPO / "checkpoints" / "tiny-sft"
 RUN = "restarts"
 STEPS = 8
 GROUPS_PER_STEP = 2
@@ -58,20 +57,12 @@ def stack(tmp_path: Path, procs):  # noqa: ANN201
 
 
 def learner_config(stack: LocalStack, tmp_path: Path, mode: str) -> Path:
-    cfg = yaml.safe_load((REPO / "configs" / "local-tiny.yaml").read_text())
-    cfg.update(run=RUN, steps=STEPS, calibrate_step=0, mode=mode)
-    cfg["model"]["path"] = str(SFT)
-    cfg["data"].update(groups_per_step=GROUPS_PER_STEP, group_size=4, max_turns=4,
-                       temperature=3.0)
-    cfg["eval"] = {"every": 0, "eval_seeds": 0, "heldout_seeds": 0, "at_start": False}
-    cfg["checkpoint"] = {"every": 2, "keep_last": 3}
-    cfg["ray"] = {"num_workers": 1}
-    cfg["fleet"].update(redis_url=stack.redis_url, sync_address=stack.sync_address,
-                        runs_root=str(stack.runs_root), min_replicas=1,
-                        max_groups_in_flight=2)
-    path = tmp_path / "learner.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return factories.learner_config(
+        stack, tmp_path, RUN, steps=STEPS, mode=mode,
+        data={"groups_per_step": GROUPS_PER_STEP, "group_size": 4, "max_turns": 4,
+              "temperature": 3.0},
+        eval=NO_EVAL, checkpoint={"every": 2, "keep_last": 3}, ray={"num_workers": 1},
+        fleet={"max_groups_in_flight": 2})
 
 
 def start(config: Path, resume: str = "auto") -> subprocess.Popen:

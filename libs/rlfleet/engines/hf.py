@@ -25,14 +25,13 @@ import torch
 from peft import PeftModel
 
 from rlfleet.engines.base import (
-    Engine,
     EngineError,
     Generation,
     GenerationRequest,
     SamplingConfig,
     request_seed,
 )
-from rlfleet.engines.loaded import LoadedAdapters, check_adapter_dir
+from rlfleet.engines.loaded import AdapterEngine, LoadedAdapters, check_adapter_dir
 from rlfleet.policy.chat import ChatCodec
 from rlfleet.policy.loading import PolicyProcessor, load_policy, vision_token_ids
 from rlfleet.policy.logprobs import collate, forward, token_logprobs, unwrap
@@ -55,7 +54,7 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
-class HFEngine(Engine):
+class HFEngine(AdapterEngine):
     """Hosts a Qwen3-VL policy with transformers; LoRA adapters via PEFT, by name."""
 
     name = "hf"
@@ -99,10 +98,6 @@ class HFEngine(Engine):
         self._closed = False
 
     # -- adapters --------------------------------------------------------------------
-
-    @property
-    def adapters(self) -> list[str]:
-        return self._adapters.names()
 
     def load_adapter(self, name: str, path: str) -> None:
         p = check_adapter_dir(path)
@@ -237,12 +232,8 @@ class HFEngine(Engine):
 
     # -- generation ------------------------------------------------------------------
 
-    def generate(
-        self,
-        requests: list[GenerationRequest],
-        params: SamplingConfig,
-        adapter: str | None = None,
-    ) -> list[Generation]:
+    def generate(self, requests: list[GenerationRequest], params: SamplingConfig,
+                 adapter: str | None = None) -> list[Generation]:
         with self._lock:
             self._check_open()
             if not requests:
@@ -362,10 +353,6 @@ class HFEngine(Engine):
         ]
 
     # -- lifecycle -------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise EngineError("engine is closed")
 
     def close(self) -> None:
         with self._lock:

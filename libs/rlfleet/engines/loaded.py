@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from rlfleet.engines.base import EngineError
+from rlfleet.engines.base import Engine, EngineError
 from rlfleet.storage.adapters import ADAPTER_CONFIG_FILE
 
 H = TypeVar("H")
@@ -71,3 +71,19 @@ class LoadedAdapters(Generic[H]):
 
     def clear(self) -> None:
         self._handles.clear()
+
+
+class AdapterEngine(Engine):
+    """An engine that serves LoRA adapters by name: what `hf` and `vllm` share. The
+    subclass sets ``_adapters`` (its `LoadedAdapters`) and ``_closed`` in ``__init__``."""
+
+    _adapters: LoadedAdapters[Any]
+    _closed: bool
+
+    @property
+    def adapters(self) -> list[str]:
+        return self._adapters.names()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineError("engine is closed")

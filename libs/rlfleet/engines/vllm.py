@@ -64,7 +64,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rlfleet.engines.base import (
-    Engine,
     EngineError,
     Generation,
     GenerationRequest,
@@ -72,7 +71,7 @@ from rlfleet.engines.base import (
     request_seed,
     vision_token_ids,
 )
-from rlfleet.engines.loaded import LoadedAdapters, check_adapter_dir
+from rlfleet.engines.loaded import AdapterEngine, LoadedAdapters, check_adapter_dir
 from rlfleet.storage.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 
 IM_END = "<|im_end|>"
@@ -155,7 +154,7 @@ def write_zero_adapter(out_dir: Path, config: Mapping[str, Any]) -> None:
         "use_rslora": False, "use_dora": False, "modules_to_save": None}))
 
 
-class VLLMEngine(Engine):
+class VLLMEngine(AdapterEngine):
     """Hosts a Qwen3-VL policy in vLLM's ``AsyncLLM``; LoRA adapters by name.
 
     ``engine_args`` are passed to ``AsyncEngineArgs`` last and override everything else.
@@ -301,10 +300,6 @@ class VLLMEngine(Engine):
 
     # -- adapters --------------------------------------------------------------------
 
-    @property
-    def adapters(self) -> list[str]:
-        return self._adapters.names()
-
     def load_adapter(self, name: str, path: str) -> None:
         from vllm.lora.request import LoRARequest
 
@@ -372,12 +367,8 @@ class VLLMEngine(Engine):
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
 
-    def generate(
-        self,
-        requests: list[GenerationRequest],
-        params: SamplingConfig,
-        adapter: str | None = None,
-    ) -> list[Generation]:
+    def generate(self, requests: list[GenerationRequest], params: SamplingConfig,
+                 adapter: str | None = None) -> list[Generation]:
         from vllm.inputs import TokensPrompt
 
         self._check_open()
@@ -456,10 +447,6 @@ class VLLMEngine(Engine):
         )
 
     # -- lifecycle -------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise EngineError("engine is closed")
 
     def close(self) -> None:
         with self._adapter_lock:
