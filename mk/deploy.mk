@@ -41,7 +41,7 @@ helm-tools:
 	@PYTHON=$(PYTHON) scripts/k8s/install-helm.sh >/dev/null
 
 apiserver:
-	@scripts/k8s/build-apiserver.sh >/dev/null
+	@scripts/k8s/build-k8s.sh >/dev/null
 
 apiserver-start: helm-tools apiserver
 	@scripts/k8s/apiserver.sh start --dir $(APISERVER_DIR)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates (or refreshes) the project's virtual environment in .venv from requirements.txt.
+# Creates (or refreshes) the project's virtual environment in .venv from requirements.txt,
+# the lock (scripts/lock.sh writes it), then rlfleet itself, editable, without dependencies.
 # Idempotent: a stamp holding the hash of requirements.txt + pyproject.toml skips the
 # install when nothing changed.
 set -euo pipefail

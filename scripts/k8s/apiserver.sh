@@ -11,7 +11,7 @@
 #   scripts/k8s/apiserver.sh status [--dir DIR]
 #
 # DIR defaults to ${RLFLEET_CACHE:-$HOME/.cache/rlfleet}/k8s/run. The binaries come from
-# build-apiserver.sh (built once per machine, cached).
+# build-k8s.sh (built once per machine, cached).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -72,7 +72,7 @@ for tool in openssl curl; do
     || { apt-get update >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$tool" >&2; }
 done
 
-BIN=$("$HERE/build-apiserver.sh" | tail -1)
+BIN=$("$HERE/build-k8s.sh" | tail -1)
 mkdir -p "$DIR"
 chmod 700 "$DIR"
 PKI="$DIR/pki"

@@ -2,7 +2,7 @@
 API server (kube-apiserver 1.20 + etcd on loopback; no nodes, so pods never run, but every
 object is stored and validated server-side: Helm 4 applies server-side).
 
-The one-time kube-apiserver build (scripts/k8s/build-apiserver.sh, cached per machine)
+The one-time kube-apiserver build (scripts/k8s/build-k8s.sh, cached per machine)
 may run inside the first of these tests; `make apiserver` runs it beforehand.
 """
 

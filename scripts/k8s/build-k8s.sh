@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Build (once per machine) the binaries of a real, minimal Kubernetes control plane:
-#   etcd           from Debian's etcd-server package (3.4)
-#   kube-apiserver built from Debian bookworm's kubernetes source package (1.20.2)
+# Build (once per machine) the binaries of a real, single-node Kubernetes:
+#   etcd                      from Debian's etcd-server package (3.4)
+#   kube-apiserver, kubelet, kube-controller-manager, kube-scheduler, kube-proxy
+#                             built in one pass from Debian bookworm's kubernetes source
+#                             package (1.20.2): the Go packages they share compile once
+#   pause                     the pod sandbox's process, from the same tree's pause.c
 # There is no Docker here and no other registry, so kind/k3s/envtest binaries cannot be
 # downloaded; Debian's source package is the one route. The result is cached under
 # ${RLFLEET_CACHE:-$HOME/.cache/rlfleet}/k8s/bin and reused; a second run is a no-op.
@@ -16,9 +19,11 @@ BIN="$K8S/bin"
 WORK="$K8S/build"
 mkdir -p "$BIN" "$WORK"
 
-log() { echo "[build-apiserver] $*" >&2; }
+log() { echo "[build-k8s] $*" >&2; }
 
-have_apiserver() { [ -x "$BIN/kube-apiserver" ] && "$BIN/kube-apiserver" --version >/dev/null 2>&1; }
+COMPONENTS=(kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy)
+have() { [ -x "$BIN/$1" ] && "$BIN/$1" --version >/dev/null 2>&1; }
+missing_components() { local c; for c in "${COMPONENTS[@]}"; do have "$c" || echo "$c"; done; }
 have_etcd() { [ -x "$BIN/etcd" ] && "$BIN/etcd" --version >/dev/null 2>&1; }
 
 # One build at a time per machine (parallel test sessions, make -j).
@@ -46,7 +51,8 @@ if ! have_etcd; then
   have_etcd || { log "etcd not usable after install"; exit 1; }
 fi
 
-if have_apiserver; then
+MISSING=($(missing_components))
+if [ ${#MISSING[@]} -eq 0 ] && [ -x "$BIN/pause" ]; then
   echo "$BIN"
   exit 0
 fi
@@ -92,15 +98,25 @@ if [ -d "$SRC/vendor/github.com/modern-go/reflect2" ] && [ -d "$R2" ]; then
     "$R2/" "$SRC/vendor/github.com/modern-go/reflect2/"
 fi
 
-log "building kube-apiserver (about 7 minutes on 2 cores, once per machine)"
 export GOCACHE="$WORK/gocache" GOPATH="$WORK/gopath" GOFLAGS=-mod=vendor GO111MODULE=on
 export GOTOOLCHAIN=local KUBE_VERBOSE=0
-(cd "$SRC" && make WHAT=cmd/kube-apiserver >&2)
-OUT=$(find "$SRC/_output" -type f -name kube-apiserver -perm -u+x | head -1)
-[ -n "$OUT" ] || { log "build produced no kube-apiserver binary"; exit 1; }
-cp "$OUT" "$BIN/kube-apiserver.tmp" && mv "$BIN/kube-apiserver.tmp" "$BIN/kube-apiserver"
-have_apiserver || { log "built kube-apiserver does not run"; exit 1; }
-"$BIN/kube-apiserver" --version >&2
+if [ ${#MISSING[@]} -gt 0 ]; then
+  log "building ${MISSING[*]} in one pass (10-20 minutes on 2 cores, once per machine)"
+  WHAT=$(printf 'cmd/%s ' "${MISSING[@]}")
+  (cd "$SRC" && make WHAT="${WHAT% }" >&2)
+  for c in "${MISSING[@]}"; do
+    OUT=$(find "$SRC/_output" -type f -name "$c" -perm -u+x | head -1)
+    [ -n "$OUT" ] || { log "build produced no $c binary"; exit 1; }
+    cp "$OUT" "$BIN/$c.tmp" && mv "$BIN/$c.tmp" "$BIN/$c"
+    have "$c" || { log "built $c does not run"; exit 1; }
+    log "$("$BIN/$c" --version 2>&1 | head -1) ($c)"
+  done
+fi
+# The pod sandbox's pause process: no registry holds a pause image we can pull, so the
+# image is built from this binary (scripts/k8s/images.sh).
+PAUSE_C=$(find "$SRC/build/pause" -name pause.c | head -1)
+[ -n "$PAUSE_C" ] || { log "no pause.c in the source tree"; exit 1; }
+gcc -Os -static -Wall -o "$BIN/pause.tmp" "$PAUSE_C" && strip "$BIN/pause.tmp" && mv "$BIN/pause.tmp" "$BIN/pause"
 # The source tree, tarballs and Go build cache are ~2 GB; the binary is all that is needed.
 rm -rf "$WORK"
 echo "$BIN"

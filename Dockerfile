@@ -1,0 +1,65 @@
+# syntax=docker/dockerfile:1
+# Every rlfleet service's image, from one file. Build from the repository root
+# (`make images` does, for each service with its default base):
+#
+#   docker build --build-arg SERVICE=env -t rlfleet-env:TAG .
+#
+# Build arguments:
+#   SERVICE     env | rollout | learner | ckptsync: the default command and the pip extra
+#   EXTRAS      pip extras to install (default: SERVICE); the local CPU profile uses "local"
+#   BASE_IMAGE  the official bases by default (make images picks per service):
+#               python:3.11-slim-bookworm (env, ckptsync), vllm/vllm-openai (rollout),
+#               rayproject/ray (learner); on machines without a registry, a Debian base
+#               built from Debian's packages (scripts/images/base.sh)
+#   LOCK        constraints file (exact versions); empty on a base whose torch must stay
+#               (the vLLM image's CUDA build)
+#   UID         the user the service runs as
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+
+# --- the rlfleet wheel, with the gRPC stubs generated as `make proto` makes them
+FROM ${BASE_IMAGE} AS wheel
+USER root
+ARG LOCK=requirements.txt
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY requirements.txt ./
+RUN python3 -m venv /opt/build \
+ && /opt/build/bin/pip install -q ${LOCK:+-c /src/$LOCK} grpcio-tools "setuptools>=68" wheel
+COPY pyproject.toml README.md ./
+COPY protos ./protos
+COPY libs ./libs
+COPY services ./services
+RUN /opt/build/bin/python -m grpc_tools.protoc -I protos --python_out=libs --pyi_out=libs \
+      --grpc_python_out=libs protos/rlfleet/v1/*.proto \
+ && /opt/build/bin/pip wheel -q --no-deps --no-build-isolation -w /dist .
+
+# --- the service
+FROM ${BASE_IMAGE}
+USER root
+ARG SERVICE=env
+ARG EXTRAS=${SERVICE}
+ARG LOCK=requirements.txt
+ARG UID=10001
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 HOME=/tmp HF_HOME=/tmp/hf \
+    VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    RLFLEET_SERVICE=${SERVICE} \
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+WORKDIR /opt/rlfleet
+# Dependencies first, from pyproject.toml's declarations for these extras: this layer
+# changes only with pyproject.toml or the lock, not with the code. --system-site-packages:
+# on the vLLM and Ray bases the venv sees the torch, vLLM and Ray they ship.
+COPY pyproject.toml requirements.txt ./
+COPY scripts/images/declared_deps.py scripts/images/entrypoint.sh ./
+RUN python3 -m venv --system-site-packages /opt/venv \
+ && python3 declared_deps.py "${EXTRAS}" > requirements-declared.txt \
+ && pip install -q ${LOCK:+-c /opt/rlfleet/$LOCK} -r requirements-declared.txt
+COPY --from=wheel /dist /opt/rlfleet/dist
+RUN pip install -q --no-deps /opt/rlfleet/dist/rlfleet-*.whl \
+ && (getent group "${UID}" >/dev/null || groupadd --gid "${UID}" rlfleet) \
+ && (getent passwd "${UID}" >/dev/null || useradd --uid "${UID}" --gid "${UID}" --no-create-home \
+      --home-dir /tmp --shell /usr/sbin/nologin rlfleet) \
+ && chmod 0755 /opt/rlfleet/entrypoint.sh
+USER ${UID}
+# With no arguments the image runs its service (entrypoint.sh); the chart passes its own.
+ENTRYPOINT ["/opt/rlfleet/entrypoint.sh"]

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Base images made from Debian's packages, for machines that reach Debian's mirror but no
+# image registry (python:3.11-slim and the pause image cannot be pulled there):
+#   localhost/rlfleet-base:bookworm   debootstrap --variant=minbase + python3 (3.11), venv,
+#                                     CA certificates; docs, man pages and apt lists removed
+#   localhost/rlfleet-pause:3.4       the pod sandbox image: Kubernetes' pause.c, static
+#                                     (built by scripts/k8s/build-k8s.sh)
+# Built once into buildah storage of our own ($RLFLEET_CACHE/containers), then reused.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+IMAGE_TOOL=buildah
+source scripts/images/tool.sh
+command -v debootstrap >/dev/null && command -v buildah >/dev/null || {
+  echo "base.sh: needs debootstrap and buildah (scripts/k8s/cluster-deps.sh installs them)" >&2; exit 1; }
+log() { echo "[base] $*" >&2; }
+have() { buildah_store inspect --type image "$1" >/dev/null 2>&1; }
+
+if ! have localhost/rlfleet-base:bookworm; then
+  MIRROR=$(sed -n 's/^URIs: *\(http[^ ]*debian\)\/*$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -1)
+  MIRROR=${MIRROR:-http://deb.debian.org/debian}
+  ROOT=$(mktemp -d "$CACHE/base-rootfs.XXXXXX")
+  trap 'rm -rf "$ROOT"' EXIT
+  log "debootstrap bookworm from $MIRROR (a few minutes, once per machine)"
+  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+    bookworm "$ROOT" "$MIRROR" >"$CACHE/base-debootstrap.log" 2>&1 \
+    || { tail -20 "$CACHE/base-debootstrap.log" >&2; exit 1; }
+  rm -rf "$ROOT"/var/cache/apt/archives/*.deb "$ROOT"/var/lib/apt/lists/* \
+         "$ROOT"/usr/share/doc/* "$ROOT"/usr/share/man/* "$ROOT"/usr/share/locale/* "$ROOT"/usr/share/info/*
+  c=$(buildah_store from scratch)
+  buildah_store copy "$c" "$ROOT/" / >/dev/null
+  buildah_store config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --env LANG=C.UTF-8 --cmd /bin/bash "$c"
+  buildah_store commit -q --rm "$c" localhost/rlfleet-base:bookworm >/dev/null
+  log "built localhost/rlfleet-base:bookworm"
+fi
+
+if ! have localhost/rlfleet-pause:3.4; then
+  BIN=$(scripts/k8s/build-k8s.sh | tail -1)
+  c=$(buildah_store from scratch)
+  buildah_store copy "$c" "$BIN/pause" /pause >/dev/null
+  buildah_store config --entrypoint '["/pause"]' --user 65535:65535 "$c"
+  buildah_store commit -q --rm "$c" localhost/rlfleet-pause:3.4 >/dev/null
+  log "built localhost/rlfleet-pause:3.4"
+fi
+echo localhost/rlfleet-base:bookworm

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Build rlfleet's images with whatever builder this machine has (docker with a daemon, else
+# podman, else buildah), from the one Dockerfile at the repository root.
+#
+#   scripts/images/build.sh [--profile hyperpod|local] [--prefix REGISTRY/] [--tag TAG]
+#                           [--push] [SERVICE...]
+#
+#   hyperpod (default)  each service on its official base (python slim, vLLM, Ray), extras
+#                       of that service only; pulled from their registries
+#   local               every service on a Debian base built here from Debian's packages
+#                       (base.sh), CPU torch, installed offline from a wheelhouse that the
+#                       host's pip fills (this machine reaches PyPI but no image registry);
+#                       rollout and learner both get the learner's extras, so their large
+#                       torch layer is one layer, stored and loaded once
+#
+# buildah and podman keep their images under $RLFLEET_CACHE/containers (storage of our
+# own: nothing host-wide is touched). Prints the built image names, one a line.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+HERE=scripts/images
+CACHE="${RLFLEET_CACHE:-$HOME/.cache/rlfleet}"
+PROFILE=hyperpod PREFIX="" TAG="" PUSH=0 SERVICES=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --profile) PROFILE=$2; shift 2 ;;
+    --prefix) PREFIX=$2; shift 2 ;;
+    --tag) TAG=$2; shift 2 ;;
+    --push) PUSH=1; shift ;;
+    -*) echo "build.sh: unknown option $1" >&2; exit 2 ;;
+    *) SERVICES+=("$1"); shift ;;
+  esac
+done
+[ ${#SERVICES[@]} -gt 0 ] || SERVICES=(env rollout learner ckptsync)
+[ -n "$TAG" ] || TAG=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' deploy/helm/rlfleet/Chart.yaml)
+[ -z "$PREFIX" ] || PREFIX="${PREFIX%/}/"
+log() { echo "[images] $*" >&2; }
+
+source "$HERE/tool.sh"   # IMAGE_TOOL and the builder's flags (image_build, image_push)
+
+case "$PROFILE" in
+  hyperpod|local) ;;
+  *) echo "build.sh: --profile is hyperpod or local, not $PROFILE" >&2; exit 2 ;;
+esac
+
+EXTRA_FLAGS=()
+if [ "$PROFILE" = local ]; then
+  "$HERE/base.sh" >/dev/null
+  WHEELS=$("$HERE/wheelhouse.sh" local | tail -1)
+  # Offline: pip inside the build sees only the wheelhouse, mounted read-only.
+  EXTRA_FLAGS+=(--build-arg BASE_IMAGE=localhost/rlfleet-base:bookworm
+                --build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS=/wheels
+                -v "$WHEELS:/wheels:ro")
+fi
+
+base_of() {  # the official base image of a service (the hyperpod profile)
+  case "$1" in
+    rollout) echo "vllm/vllm-openai:v0.33.0" ;;
+    learner) echo "rayproject/ray:2.60.0-py311-gpu" ;;
+    *) echo "python:3.11-slim-bookworm" ;;
+  esac
+}
+
+for svc in "${SERVICES[@]}"; do
+  case "$svc" in env|rollout|learner|ckptsync) ;; *) echo "build.sh: unknown service $svc" >&2; exit 2 ;; esac
+  name="${PREFIX}rlfleet-$svc:$TAG"
+  args=(--build-arg "SERVICE=$svc" -t "$name")
+  if [ "$PROFILE" = local ]; then
+    case "$svc" in rollout|learner) args+=(--build-arg EXTRAS=learner) ;; esac
+  else
+    args+=(--build-arg "BASE_IMAGE=$(base_of "$svc")")
+    # vLLM's image keeps its CUDA torch: no lock (the lock pins the CPU build).
+    [ "$svc" = rollout ] && args+=(--build-arg LOCK=)
+    [ "$svc" = learner ] && args+=(--build-arg UID=1000)
+  fi
+  log "building $name ($PROFILE profile, $IMAGE_TOOL)"
+  image_build "${args[@]}" "${EXTRA_FLAGS[@]}" -f Dockerfile . >&2
+  [ "$PUSH" = 1 ] && image_push "$name" >&2
+  echo "$name"
+done

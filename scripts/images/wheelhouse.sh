@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Wheels for an offline image build: every requirement pyproject.toml declares for EXTRAS,
+# at the lock's versions, built or fetched by the host's pip (which reaches PyPI and this
+# machine's local torch CPU wheel) into $RLFLEET_CACHE/wheelhouse/<hash>. Cached by the
+# hash of pyproject.toml and the lock. Prints the folder.
+#   scripts/images/wheelhouse.sh EXTRAS
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+EXTRAS=${1:?usage: wheelhouse.sh EXTRAS}
+CACHE="${RLFLEET_CACHE:-$HOME/.cache/rlfleet}"
+PY=${PYTHON:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+key=$(cat pyproject.toml requirements.txt | sha256sum | cut -c1-16)
+DIR="$CACHE/wheelhouse/$EXTRAS-$key"
+if [ -f "$DIR/.complete" ]; then echo "$DIR"; exit 0; fi
+mkdir -p "$DIR"
+echo "[wheelhouse] pip wheel for extras '$EXTRAS' into $DIR" >&2
+python3 scripts/images/declared_deps.py "$EXTRAS" > "$DIR/requirements-declared.txt"
+# The build stage's tools too (protoc for the stubs, setuptools for the rlfleet wheel).
+printf '%s\n' grpcio-tools "setuptools>=68" wheel >> "$DIR/requirements-declared.txt"
+"$PY" -m pip wheel -q --wheel-dir "$DIR" -c requirements.txt -r "$DIR/requirements-declared.txt" >&2
+touch "$DIR/.complete"
+echo "$DIR"
