@@ -149,3 +149,5 @@ def register(sub: argparse._SubParsersAction) -> None:
                      choices=LOG_LEVELS,
                      help="log level")
     run.set_defaults(func=_run)
+    from rlfleet_learner.submit import register_remote_commands  # submit/logs/status/stop
+    register_remote_commands(p_sub)

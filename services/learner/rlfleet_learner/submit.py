@@ -1,0 +1,344 @@
+"""`rlfleet learner submit|logs|status|stop`: the learner as a job on a remote Ray cluster,
+through the Ray Jobs API (the dashboard's job server, port 8265; the HyperPod Ray endpoint
+operator exposes it), as the reference does from a SageMaker Studio notebook.
+
+What travels with the job, and how:
+- the learner config: its content, as the one file of the job's runtime_env working_dir;
+  the entrypoint is `rlfleet learner run --config learner.yaml` (the cluster's own
+  rlfleet validates it: the cluster's version defines the schema).
+- the fleet's token: read here from a file or a Kubernetes Secret, never from the command
+  line, and put in the same working_dir, with RLFLEET_AUTH_TOKEN_FILE naming it. Not in
+  runtime_env env_vars: the job server returns those in plain text to every `ray job list`
+  and `ray job status`.
+- Ray's own token (Ray 2.60 turns token auth on by default): an Authorization header, read
+  from --ray-token-file, RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token.
+
+Ray is imported inside the command functions only: `rlfleet --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# Names inside the job's working directory (the entrypoint's current directory).
+CONFIG_NAME = "learner.yaml"
+TOKEN_NAME = "fleet_token"
+DEFAULT_SECRET_KEY = "token"  # the chart's auth Secret (<release>-auth) keeps it here
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+class SubmitError(Exception):
+    """A request that cannot be carried out; the one-line message says why."""
+
+
+# -- what the job carries -----------------------------------------------------------------
+
+def read_config(path: str) -> str:
+    """The learner config's text, checked only for being a readable YAML mapping."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise SubmitError(f"cannot read learner config {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SubmitError(f"learner config {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SubmitError(f"learner config {path} must hold a mapping")
+    return text
+
+
+def _non_empty(token: str, where: str) -> str:
+    token = token.strip()
+    if not token:
+        raise SubmitError(f"the fleet token in {where} is empty")
+    return token
+
+
+def token_from_file(path: str) -> str:
+    try:
+        return _non_empty(Path(path).read_text(), path)
+    except OSError as exc:
+        raise SubmitError(f"cannot read token file {path}: {exc.strerror}") from None
+
+
+def parse_secret_ref(ref: str) -> tuple[str, str, str]:
+    """NAMESPACE/NAME[:KEY] -> (namespace, name, key)."""
+    ref, _, key = ref.partition(":")
+    namespace, _, name = ref.partition("/")
+    if not namespace or not name or "/" in name:
+        raise SubmitError(f"--token-secret must be NAMESPACE/NAME[:KEY], got {ref!r}")
+    return namespace, name, key or DEFAULT_SECRET_KEY
+
+
+def token_from_secret(ref: str) -> str:
+    """The token in a Kubernetes Secret, through the current kube context."""
+    import base64
+
+    try:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+    except ImportError:
+        raise SubmitError("--token-secret needs the kubernetes package (pip install "
+                          "'rlfleet[kube]'); or give --token-file") from None
+    from urllib3.exceptions import HTTPError
+
+    from rlfleet.kube.scale import ScaleError, connect
+
+    namespace, name, key = parse_secret_ref(ref)
+    try:
+        api, _ = connect()
+    except ScaleError as exc:
+        raise SubmitError(str(exc)) from None
+    try:
+        secret = client.CoreV1Api(api).read_namespaced_secret(name, namespace,
+                                                              _request_timeout=15)
+    except ApiException as exc:
+        if exc.status == 404:
+            raise SubmitError(f"no Secret {name} in namespace {namespace}") from None
+        raise SubmitError(f"cannot read Secret {namespace}/{name}: {exc.status} "
+                          f"{exc.reason}") from None
+    except (HTTPError, OSError) as exc:
+        raise SubmitError(f"cannot reach the Kubernetes API server at "
+                          f"{api.configuration.host}: {exc}") from None
+    data = secret.data or {}
+    if key not in data:
+        raise SubmitError(f"Secret {namespace}/{name} has no key {key!r} "
+                          f"(it has: {', '.join(sorted(data)) or 'none'})")
+    return _non_empty(base64.b64decode(data[key]).decode(), f"Secret {namespace}/{name}")
+
+
+def fleet_token(args: argparse.Namespace) -> str | None:
+    """The fleet token to send, or None where auth is turned off explicitly."""
+    if args.token_file:
+        return token_from_file(args.token_file)
+    if args.token_secret:
+        return token_from_secret(args.token_secret)
+    if args.insecure_no_auth:
+        return None
+    raise SubmitError("no fleet token: give --token-file PATH or --token-secret "
+                      "NAMESPACE/NAME[:KEY] (the chart's is <release>-auth), or "
+                      "--insecure-no-auth for a fleet without auth")
+
+
+def entrypoint(run: str | None, resume: str) -> str:
+    """The real learner command, run in the job's working directory."""
+    argv = ["rlfleet", "learner", "run", "--config", CONFIG_NAME, "--resume", resume]
+    if run:
+        argv += ["--run", run]
+    return shlex.join(argv)
+
+
+def write_working_dir(directory: Path, config_text: str, token: str | None) -> dict[str, Any]:
+    """Fills `directory` with what the job needs; returns the job's runtime_env."""
+    (directory / CONFIG_NAME).write_text(config_text)
+    env_vars = {"RLFLEET_AUTH": "none"}
+    if token is not None:
+        path = directory / TOKEN_NAME
+        path.touch(mode=0o600)
+        path.write_text(token)
+        # relative: the job's current directory is its unpacked working_dir
+        env_vars = {"RLFLEET_AUTH_TOKEN_FILE": TOKEN_NAME}
+    return {"working_dir": str(directory), "env_vars": env_vars}
+
+
+# -- the Ray Jobs client ------------------------------------------------------------------
+
+def ray_token(path: str | None, address: str) -> str | None:
+    """Ray's auth token: --ray-token-file, else what Ray itself reads (RAY_AUTH_TOKEN,
+    RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token) for a plain http(s) address. Other schemes
+    (e.g. sagemaker_ray://) authenticate through the module that registers them."""
+    if path:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as exc:
+            raise SubmitError(f"cannot read Ray token file {path}: {exc.strerror}") from None
+        if not token:
+            raise SubmitError(f"the Ray token file {path} is empty")
+        return token
+    if "://" in address and not address.startswith(("http://", "https://")):
+        return None
+    if os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    default = os.environ.get("RAY_AUTH_TOKEN_PATH") or str(Path.home() / ".ray" / "auth_token")
+    try:
+        return Path(default).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def connect(args: argparse.Namespace) -> Any:
+    """A JobSubmissionClient for --address (its constructor checks the address answers)."""
+    from ray.exceptions import AuthenticationError
+    from ray.job_submission import JobSubmissionClient
+
+    token = ray_token(args.ray_token_file, args.address)
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    try:
+        return JobSubmissionClient(args.address, headers=headers)
+    except ConnectionError:
+        raise SubmitError(f"cannot reach the Ray Jobs API at {args.address} (is the "
+                          "address right, and the port-forward or endpoint up?)") from None
+    except AuthenticationError:
+        raise SubmitError(f"the Ray Jobs API at {args.address} refused Ray's token: give "
+                          "the cluster's with --ray-token-file or RAY_AUTH_TOKEN_PATH") from None
+    except (RuntimeError, ValueError) as exc:
+        raise SubmitError(f"cannot use the Ray Jobs API at {args.address}: "
+                          f"{_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _job_call(args: argparse.Namespace, fn: Any, job_id: str) -> Any:
+    """fn(job_id), with Ray's 404 turned into 'no such job'."""
+    try:
+        return fn(job_id)
+    except RuntimeError as exc:
+        if "404" in str(exc) or "does not exist" in str(exc):
+            raise SubmitError(f"no job {job_id} on the Ray cluster at {args.address}") from None
+        raise SubmitError(f"Ray Jobs API at {args.address}: {_first_line(exc)}") from None
+
+
+def wait_terminal(client: Any, args: argparse.Namespace, job_id: str,
+                  timeout_s: float) -> str:
+    """The job's status once terminal; SubmitError after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = str(_job_call(args, client.get_job_status, job_id).value)
+        if status in TERMINAL:
+            return status
+        if time.monotonic() >= deadline:
+            raise SubmitError(f"job {job_id} is still {status} after {timeout_s:g} s")
+        time.sleep(1.0)
+
+
+def _follow(client: Any, job_id: str, out: Any) -> None:
+    import asyncio
+
+    async def tail() -> None:
+        async for chunk in client.tail_job_logs(job_id):
+            out.write(chunk)
+            out.flush()
+
+    asyncio.run(tail())
+
+
+# -- the commands -------------------------------------------------------------------------
+
+def _submit(args: argparse.Namespace) -> int:
+    config_text = read_config(args.config)
+    token = fleet_token(args)
+    client = connect(args)
+    with tempfile.TemporaryDirectory(prefix="rlfleet-submit-") as tmp:
+        runtime_env = write_working_dir(Path(tmp), config_text, token)
+        try:
+            job_id = client.submit_job(
+                entrypoint=entrypoint(args.run, args.resume), runtime_env=runtime_env,
+                metadata={"rlfleet": "learner", **({"run": args.run} if args.run else {})})
+        except RuntimeError as exc:
+            raise SubmitError(f"the Ray Jobs API at {args.address} refused the job: "
+                              f"{_first_line(exc)}") from None
+    print(job_id, flush=True)
+    if not args.wait:
+        return 0
+    # the job's output goes to stderr: stdout stays the job id alone
+    _follow(client, job_id, sys.stderr)
+    status = wait_terminal(client, args, job_id, timeout_s=60)
+    print(f"job {job_id}: {status}", file=sys.stderr)
+    return 0 if status == "SUCCEEDED" else 1
+
+
+def _logs(args: argparse.Namespace) -> int:
+    client = connect(args)
+    if args.follow:
+        _job_call(args, client.get_job_status, args.job_id)  # a clear error for a bad id
+        _follow(client, args.job_id, sys.stdout)
+    else:
+        sys.stdout.write(_job_call(args, client.get_job_logs, args.job_id))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    client = connect(args)
+    info = _job_call(args, client.get_job_info, args.job_id)
+    print(str(info.status.value))
+    if info.message:
+        print(info.message, file=sys.stderr)
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    client = connect(args)
+    _job_call(args, client.stop_job, args.job_id)  # False: already terminal; fine
+    print(wait_terminal(client, args, args.job_id, args.timeout))
+    return 0
+
+
+def _guarded(command: Any) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except SubmitError as exc:
+            print(f"rlfleet learner {args.subcommand}: {exc}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def _address(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--address", required=True,
+                   help="the Ray Jobs API: http://HOST:8265 (the head's dashboard port), "
+                        "or an endpoint scheme such as sagemaker_ray://CLUSTER/NAMESPACE")
+    p.add_argument("--ray-token-file", default=None,
+                   help="Ray's auth token (else RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, "
+                        "~/.ray/auth_token)")
+
+
+def register_remote_commands(sub: argparse._SubParsersAction) -> None:
+    """Adds submit, logs, status and stop to `rlfleet learner`."""
+    p = sub.add_parser("submit", help="submit the learner as a job to a remote Ray cluster")
+    _address(p)
+    p.add_argument("--config", required=True, help="learner YAML; its content travels "
+                                                   "with the job")
+    p.add_argument("--run", default=None, help="run name (overrides the config)")
+    p.add_argument("--resume", default="none", help="as `rlfleet learner run --resume`")
+    token = p.add_mutually_exclusive_group()
+    token.add_argument("--token-file", default=None, help="a file holding the fleet token")
+    token.add_argument("--token-secret", default=None, metavar="NAMESPACE/NAME[:KEY]",
+                       help="a Kubernetes Secret holding the fleet token (current kube "
+                            f"context; KEY defaults to {DEFAULT_SECRET_KEY})")
+    token.add_argument("--insecure-no-auth", action="store_true",
+                       help="no fleet token: the learner runs with RLFLEET_AUTH=none")
+    p.add_argument("--wait", action="store_true",
+                   help="follow the job's logs (on stderr) until it ends; exit 0 only if "
+                        "it succeeded")
+    p.set_defaults(func=_guarded(_submit))
+
+    p = sub.add_parser("logs", help="a submitted learner job's logs")
+    p.add_argument("job_id")
+    _address(p)
+    p.add_argument("--follow", action="store_true", help="stream them until the job ends")
+    p.set_defaults(func=_guarded(_logs))
+
+    p = sub.add_parser("status", help="a submitted learner job's status")
+    p.add_argument("job_id")
+    _address(p)
+    p.set_defaults(func=_guarded(_status))
+
+    p = sub.add_parser("stop", help="stop a submitted learner job; prints its final status")
+    p.add_argument("job_id")
+    _address(p)
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds to wait for the job to end")
+    p.set_defaults(func=_guarded(_stop))
