@@ -131,6 +131,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def one_line(message: object) -> str:
+    """A multi-line error (a heading, then "  - item" lines) as one line for a command's
+    exit message: "heading item; item"."""
+    head, *items = [line.strip() for line in str(message).splitlines() if line.strip()]
+    rest = "; ".join(item.removeprefix("- ") for item in items)
+    return f"{head} {rest}" if rest else head
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows every flag's default: the argparse default, or for a settings flag the
     model's; help that already says its default is left as written."""

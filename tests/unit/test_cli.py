@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -27,9 +28,12 @@ HEAVY = ("torch", "transformers", "ray", "vllm", "grpc", "pydantic", "kubernetes
          "PIL", "peft")
 
 
-def rlfleet(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def rlfleet(*args: str, timeout: float = 120,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # auth on (the suite's default is off, which a started service warns about in a line)
+    auth = {"RLFLEET_AUTH": "token", "RLFLEET_AUTH_TOKEN": "test-token"}
     return subprocess.run(rlfleet_argv(*args), capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env={**os.environ, **auth, **(env or {})})
 
 
 def one_line(text: str) -> str:
@@ -148,6 +152,14 @@ def test_rollout_with_a_missing_model_directory_says_so_in_one_line(tmp_path) ->
     out = rlfleet("rollout", "serve", "--model", str(tmp_path / "absent"))
     assert out.returncode == 2
     assert "no such directory" in one_line(out.stderr)
+
+
+def test_rollout_with_a_missing_model_directory_from_the_env_says_so_in_one_line(
+        tmp_path) -> None:  # noqa: ANN001
+    out = rlfleet("rollout", "serve", "--port", "0", "--metrics-port", "0",
+                  env={"RLFLEET_MODEL": str(tmp_path / "absent")})
+    assert out.returncode == 1
+    assert "does not exist" in one_line(out.stderr)
 
 
 @pytest.mark.parametrize("address", ["foo", "host:notaport"])

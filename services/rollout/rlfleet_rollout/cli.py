@@ -8,7 +8,14 @@ import sys
 import uuid
 from pathlib import Path
 
-from rlfleet.cliargs import add_common_args, add_setting, address, directory, field_choices
+from rlfleet.cliargs import (
+    add_common_args,
+    add_setting,
+    address,
+    directory,
+    field_choices,
+    one_line,
+)
 from rlfleet.policy.contexts import CONTEXTS
 from rlfleet.policy.profiles import PROFILES
 
@@ -29,7 +36,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         replica = build_replica(settings)
     except (ConfigError, CheckpointError) as exc:
-        raise SystemExit(f"rlfleet rollout: {exc}") from None
+        raise SystemExit(f"rlfleet rollout: {one_line(exc)}") from None
     try:
         return serve_forever(replica.server, f"rollout replica {settings.replica_id}",
                              on_stop=replica.stop, until_ready=replica.until_ready)
