@@ -111,6 +111,11 @@ def address(text: str) -> str:
     return text
 
 
+def optional_address(text: str) -> str:
+    """An argparse type: HOST:PORT, or '' where a setting's '' means none."""
+    return text if text == "" else address(text)
+
+
 def directory(text: str) -> Path:
     """An argparse type: an existing directory (a model, the runs root, ...)."""
     path = Path(text).expanduser()

@@ -163,9 +163,16 @@ def test_rollout_with_a_missing_model_directory_from_the_env_says_so_in_one_line
 
 
 @pytest.mark.parametrize("address", ["foo", "host:notaport"])
-def test_rollout_refuses_a_bad_env_address(address: str) -> None:
-    out = rlfleet("rollout", "serve", "--env-address", address)
-    assert out.returncode == 2 and "--env-address" in one_line(out.stderr)
+@pytest.mark.parametrize("flag", ["--env-address", "--sync-address"])
+def test_rollout_refuses_a_bad_address(flag: str, address: str) -> None:
+    out = rlfleet("rollout", "serve", flag, address)
+    assert out.returncode == 2 and flag in one_line(out.stderr)
+
+
+def test_an_empty_optional_address_means_none() -> None:
+    args = build_parser().parse_args(["rollout", "serve", "--sync-address", "",
+                                      "--reward-address", ""])
+    assert args.sync_address == "" and args.reward_address == ""
 
 
 def test_a_server_on_a_taken_port_raises_bind_error(taken_port: int) -> None:

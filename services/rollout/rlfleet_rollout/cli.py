@@ -15,6 +15,7 @@ from rlfleet.cliargs import (
     directory,
     field_choices,
     one_line,
+    optional_address,
 )
 from rlfleet.policy.contexts import CONTEXTS
 from rlfleet.policy.profiles import PROFILES
@@ -121,16 +122,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     flag("--torch-threads", type=int, metavar="N",
          help="torch intra-op threads (default: none, torch's own)")
     flag("--env-address", type=address, metavar="HOST:PORT", help="the env service")
-    flag("--reward-address", type=address, metavar="HOST:PORT",
+    flag("--reward-address", type=optional_address, metavar="HOST:PORT",
          help="the reward service (default: '', the env address)")
     flag("--redis-url", metavar="URL",
          help="fleet registry (default: '', no heartbeats and no hot-load events)")
-    flag("--sync-address", type=address, metavar="HOST:PORT",
+    flag("--sync-address", type=optional_address, metavar="HOST:PORT",
          help="ckpt-sync, for acknowledgements (default: '', none)")
     flag("--runs-root", type=Path, metavar="DIR", help="runs directory (adapters on /shared)")
     flag("--run", help="run whose adapters this replica serves")
     flag("--replica-id", help="name in the registry (default: HOSTNAME-PID)")
-    flag("--advertise-address", type=address, metavar="HOST:PORT",
+    flag("--advertise-address", type=optional_address, metavar="HOST:PORT",
          help="how the learner reaches this replica (default: '', --host:--port)")
     flag("--max-batch", type=int, metavar="N", help="sequences per engine batch")
     flag("--max-groups", type=int, metavar="N", help="groups played at once")
