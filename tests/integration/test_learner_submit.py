@@ -244,7 +244,8 @@ def test_the_token_reaches_the_learner_and_stop_ends_the_job(
 
     watcher = redis.Redis.from_url(redis_url)
     before = _connections(watcher)
-    out = submit(head, config, token_file, "--run", "submitted")
+    # the learner waits for its GPU without heeding SIGTERM: Ray kills it after the grace
+    out = submit(head, config, token_file, "--run", "submitted", "--stop-grace", "5")
     assert out.returncode == 0, out.stderr
     job_id = out.stdout.strip()
     pid = _learner_process(head.root.name, deadline_s=180)
@@ -296,3 +297,29 @@ def test_clear_one_line_errors(head: Head, tmp_path: Path, token_file: Path) -> 
     # no --token flag exists: a token is never accepted on the command line
     out = rlfleet("submit", *remote(head), "--config", str(config), "--token", FLEET_TOKEN)
     assert out.returncode == 2 and FLEET_TOKEN not in out.stderr
+
+
+def test_a_submitted_learner_trains_against_a_fleet_that_requires_the_token(
+        head: Head, tmp_path: Path, token_file: Path, procs) -> None:  # noqa: ANN001
+    from rlfleet.local.metrics import read_events
+    from rlfleet.local.stack import start_stack
+    from tests.factories import NO_EVAL, learner_config
+
+    # every service of this fleet refuses a call without FLEET_TOKEN: the steps below
+    # happen only if the token reached the job's learner
+    run = "submitted-train"
+    stack = start_stack(tmp_path, runs_root=tmp_path / "runs", run=run, replicas=1,
+                        model_dir=Path(__file__).resolve().parents[2] / "checkpoints"
+                        / "tiny-sft", group=procs, token=FLEET_TOKEN, log=lambda *_: None)
+    config = learner_config(stack, tmp_path, run, steps=2, eval=NO_EVAL,
+                            data={"groups_per_step": 2, "group_size": 4},
+                            checkpoint={"every": 1000}, ray={"num_workers": 1})
+    out = submit(head, config, token_file, "--wait")
+    assert out.returncode == 0, out.stderr[-4000:]
+    job_id = out.stdout.strip()
+    assert rlfleet("status", job_id, *remote(head)).stdout.strip() == "SUCCEEDED"
+    steps = [e for e in read_events(stack.runs_root / run / "metrics.jsonl")
+             if e["event"] == "step"]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert all(s["trajectories"] == 2 * 4 for s in steps)
+    assert_token_hidden(head, job_id, out.stdout, out.stderr)

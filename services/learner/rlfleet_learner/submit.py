@@ -138,16 +138,22 @@ def entrypoint(run: str | None, resume: str) -> str:
     return shlex.join(argv)
 
 
-def write_working_dir(directory: Path, config_text: str, token: str | None) -> dict[str, Any]:
+def write_working_dir(directory: Path, config_text: str, token: str | None,
+                      stop_grace_s: int) -> dict[str, Any]:
     """Fills `directory` with what the job needs; returns the job's runtime_env."""
     (directory / CONFIG_NAME).write_text(config_text)
-    env_vars = {"RLFLEET_AUTH": "none"}
-    if token is not None:
+    # Ray's job supervisor reads it from the job's env_vars: how long a stop waits after
+    # SIGTERM (the learner finishes or abandons its step and checkpoints) before SIGKILL;
+    # Ray's own default, 3 s, would lose the steps since the last checkpoint.
+    env_vars = {"RAY_JOB_STOP_WAIT_TIME_S": str(stop_grace_s)}
+    if token is None:
+        env_vars["RLFLEET_AUTH"] = "none"
+    else:
         path = directory / TOKEN_NAME
         path.touch(mode=0o600)
         path.write_text(token)
         # relative: the job's current directory is its unpacked working_dir
-        env_vars = {"RLFLEET_AUTH_TOKEN_FILE": TOKEN_NAME}
+        env_vars["RLFLEET_AUTH_TOKEN_FILE"] = TOKEN_NAME
     return {"working_dir": str(directory), "env_vars": env_vars}
 
 
@@ -241,7 +247,7 @@ def _submit(args: argparse.Namespace) -> int:
     token = fleet_token(args)
     client = connect(args)
     with tempfile.TemporaryDirectory(prefix="rlfleet-submit-") as tmp:
-        runtime_env = write_working_dir(Path(tmp), config_text, token)
+        runtime_env = write_working_dir(Path(tmp), config_text, token, args.stop_grace)
         try:
             job_id = client.submit_job(
                 entrypoint=entrypoint(args.run, args.resume), runtime_env=runtime_env,
@@ -320,6 +326,9 @@ def register_remote_commands(sub: argparse._SubParsersAction) -> None:
                             f"context; KEY defaults to {DEFAULT_SECRET_KEY})")
     token.add_argument("--insecure-no-auth", action="store_true",
                        help="no fleet token: the learner runs with RLFLEET_AUTH=none")
+    p.add_argument("--stop-grace", type=int, default=300, metavar="SECONDS",
+                   help="how long a stop lets the learner checkpoint after SIGTERM before "
+                        "Ray kills it")
     p.add_argument("--wait", action="store_true",
                    help="follow the job's logs (on stderr) until it ends; exit 0 only if "
                         "it succeeded")
@@ -339,6 +348,6 @@ def register_remote_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("stop", help="stop a submitted learner job; prints its final status")
     p.add_argument("job_id")
     _address(p)
-    p.add_argument("--timeout", type=float, default=120.0,
+    p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds to wait for the job to end")
     p.set_defaults(func=_guarded(_stop))
