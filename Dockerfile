@@ -14,12 +14,16 @@
 #   LOCK        constraints file (exact versions); empty on a base whose torch must stay
 #               (the vLLM image's CUDA build)
 #   UID         the user the service runs as
+#   PIP_NO_INDEX, PIP_FIND_LINKS   an offline build from a mounted wheelhouse (make images
+#               PROFILE=local passes both); unset, pip uses its index
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
 # --- the rlfleet wheel, with the gRPC stubs generated as `make proto` makes them
 FROM ${BASE_IMAGE} AS wheel
 USER root
 ARG LOCK=requirements.txt
+ARG PIP_NO_INDEX
+ARG PIP_FIND_LINKS
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY requirements.txt ./
@@ -40,6 +44,8 @@ ARG SERVICE=env
 ARG EXTRAS=${SERVICE}
 ARG LOCK=requirements.txt
 ARG UID=10001
+ARG PIP_NO_INDEX
+ARG PIP_FIND_LINKS
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 HOME=/tmp HF_HOME=/tmp/hf \
     VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \

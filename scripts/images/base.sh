@@ -3,6 +3,7 @@
 # image registry (python:3.11-slim and the pause image cannot be pulled there):
 #   localhost/rlfleet-base:bookworm   debootstrap --variant=minbase + python3 (3.11), venv,
 #                                     CA certificates; docs, man pages and apt lists removed
+#   localhost/rlfleet-redis:7.0       Debian's redis-server on that base (the chart's Redis)
 #   localhost/rlfleet-pause:3.4       the pod sandbox image: Kubernetes' pause.c, static
 #                                     (built by scripts/k8s/build-k8s.sh)
 # Built once into buildah storage of our own ($RLFLEET_CACHE/containers), then reused.
@@ -32,6 +33,16 @@ if ! have localhost/rlfleet-base:bookworm; then
     --env LANG=C.UTF-8 --cmd /bin/bash "$c"
   buildah_store commit -q --rm "$c" localhost/rlfleet-base:bookworm >/dev/null
   log "built localhost/rlfleet-base:bookworm"
+fi
+
+if ! have localhost/rlfleet-redis:7.0; then
+  c=$(buildah_store from localhost/rlfleet-base:bookworm)
+  buildah_store run --runtime runc --isolation oci --network host "$c" -- sh -ec \
+    'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+     rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb /usr/share/doc/* /usr/share/man/*' >&2
+  buildah_store config --cmd '["redis-server", "--protected-mode", "no"]' --user 999:999 "$c"
+  buildah_store commit -q --rm "$c" localhost/rlfleet-redis:7.0 >/dev/null
+  log "built localhost/rlfleet-redis:7.0"
 fi
 
 if ! have localhost/rlfleet-pause:3.4; then

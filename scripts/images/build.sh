@@ -45,7 +45,7 @@ esac
 EXTRA_FLAGS=()
 if [ "$PROFILE" = local ]; then
   "$HERE/base.sh" >/dev/null
-  WHEELS=$("$HERE/wheelhouse.sh" local | tail -1)
+  WHEELS=$("$HERE/wheelhouse.sh" local localhost/rlfleet-base:bookworm | tail -1)
   # Offline: pip inside the build sees only the wheelhouse, mounted read-only.
   EXTRA_FLAGS+=(--build-arg BASE_IMAGE=localhost/rlfleet-base:bookworm
                 --build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS=/wheels

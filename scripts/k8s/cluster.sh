@@ -71,6 +71,10 @@ down() {
     [ -d "$d" ] && log "could not remove $d (processes left in it?)"
   done
   if [ -f "$DIR/created-run-containerd" ]; then rmdir /run/containerd 2>/dev/null || true; fi
+  if [ -f "$DIR/created-run-netns" ] && [ -z "$(ls -A /run/netns 2>/dev/null)" ]; then
+    umount /run/netns 2>/dev/null || true
+    rmdir /run/netns 2>/dev/null || true
+  fi
   if [ -d "$DIR" ]; then
     rm -rf "$CACHE/k8s/cluster-last-logs" && { [ -d "$DIR/logs" ] && cp -r "$DIR/logs" "$CACHE/k8s/cluster-last-logs" || true; }
     rm -rf "$DIR"
@@ -228,6 +232,8 @@ up() {
   down 2>/dev/null || true
   mkdir -p "$DIR"; chmod 700 "$DIR"
   [ -d /run/containerd ] || touch "$DIR/created-run-containerd"
+  # `ip netns add` makes /run/netns a mount point of its own, and leaves it there.
+  mountpoint -q /run/netns 2>/dev/null || touch "$DIR/created-run-netns"
   write_configs
   ip netns add "$NS"
   ip link add rlk8s-host type veth peer name rlk8s-node

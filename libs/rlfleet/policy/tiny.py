@@ -181,22 +181,34 @@ def build_tiny_model(out_dir: Path, seed: int = 0, spec: TinySpec | None = None)
 def ensure_tiny_model(cache_dir: Path, seed: int = 0, spec: TinySpec | None = None) -> Path:
     """Path of the tiny policy in ``cache_dir``, building it once.
 
-    The directory name carries a hash of the build inputs; building goes to a temporary
-    sibling that is renamed into place, so concurrent callers never see a half-written
-    model (the loser of a race discards its copy).
+    The directory name carries a hash of the build inputs (see install_tiny_model for how
+    concurrent builders are kept apart).
     """
     spec = spec or TinySpec()
-    cache_dir = Path(cache_dir)
-    final = cache_dir / f"tiny-s{seed}-{spec.key(seed)}"
+    return install_tiny_model(Path(cache_dir) / f"tiny-s{seed}-{spec.key(seed)}", seed, spec)
+
+
+def install_tiny_model(final: Path, seed: int = 0, spec: TinySpec | None = None) -> Path:
+    """Build the tiny policy at ``final`` unless a complete one is there already.
+
+    Building goes to a temporary sibling that is renamed into place, so concurrent callers
+    (several pods starting on one shared volume) never see a half-written model; the loser
+    of a race discards its copy.
+    """
+    final = Path(final)
     if (final / "rlfleet_tiny.json").is_file():
         return final
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=cache_dir))
+    if final.exists() and any(final.iterdir()):
+        raise FileExistsError(f"{final} holds something that is not a complete tiny model")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
         build_tiny_model(tmp, seed=seed, spec=spec)
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
+        if final.exists():
+            final.rmdir()  # empty (checked above): a mount point's stand-in, or a leftover
         try:
             os.rename(tmp, final)
         except OSError:

@@ -149,8 +149,14 @@ helm.sh/chart: {{ include "rlfleet.chart" .root }}
 
 {{- define "rlfleet.sharedVolume" -}}
 - name: shared
+  {{- if .Values.shared.hostPath }}
+  hostPath:
+    path: {{ .Values.shared.hostPath | quote }}
+    type: DirectoryOrCreate
+  {{- else }}
   persistentVolumeClaim:
     claimName: {{ include "rlfleet.sharedClaimName" . }}
+  {{- end }}
 - name: tmp
   emptyDir: {}
 {{- end -}}
@@ -160,6 +166,28 @@ helm.sh/chart: {{ include "rlfleet.chart" .root }}
   mountPath: /shared
 - name: tmp
   mountPath: /tmp
+{{- end -}}
+
+{{/* The init container that puts the tiny policy at .Values.model (modelInit.enabled),
+     from the learner's image (it has torch). Several pods may run it at once: the model is
+     built aside and renamed into place. */}}
+{{- define "rlfleet.modelInit" -}}
+{{- if .Values.modelInit.enabled }}
+- name: model-init
+  image: {{ include "rlfleet.image" (dict "root" $ "image" .Values.learner.image) | quote }}
+  imagePullPolicy: {{ include "rlfleet.pullPolicy" (dict "root" $ "image" .Values.learner.image) }}
+  command: ["rlfleet", "model", "init-tiny", {{ .Values.model | quote }}]
+  env:
+    - name: HOME
+      value: /tmp
+  resources:
+    requests: {cpu: 100m, memory: 256Mi}
+    limits: {cpu: "1", memory: 1Gi}
+  securityContext:
+    {{- toYaml .Values.containerSecurityContext | nindent 4 }}
+  volumeMounts:
+    {{- include "rlfleet.sharedMounts" . | nindent 4 }}
+{{- end }}
 {{- end -}}
 
 {{/* exec probe through `rlfleet health`: works on every Kubernetes version (native gRPC

@@ -20,10 +20,22 @@ spec:
   {{- end }}
   securityContext:
     {{- toYaml $l.podSecurityContext | nindent 4 }}
+  {{- if .job }}
+  restartPolicy: Never
+  # The learner checkpoints and stops on SIGTERM (it finishes or abandons the step).
+  terminationGracePeriodSeconds: 120
+  {{- end }}
+  {{- with include "rlfleet.modelInit" $ }}
+  initContainers:
+    {{- . | nindent 4 }}
+  {{- end }}
   containers:
-    - name: ray-{{ .node }}
+    - name: {{ ternary "learner" (printf "ray-%s" .node) (default false .job) }}
       image: {{ include "rlfleet.image" (dict "root" $ "image" $l.image) | quote }}
       imagePullPolicy: {{ include "rlfleet.pullPolicy" (dict "root" $ "image" $l.image) }}
+      {{- if .job }}
+      command: ["rlfleet", "learner", "run", "--config", "/etc/rlfleet/learner.yaml", "--resume", "auto"]
+      {{- end }}
       env:
         {{- include "rlfleet.commonEnv" $ | nindent 8 }}
         - name: RLFLEET_MODEL
@@ -33,7 +45,11 @@ spec:
         - name: HF_HOME
           value: /tmp/hf
       ports:
-        {{- if eq .node "head" }}
+        {{- if .job }}
+        - name: learner-metrics
+          containerPort: 9104
+          protocol: TCP
+        {{- else if eq .node "head" }}
         - name: gcs-server
           containerPort: 6379
           protocol: TCP
@@ -48,10 +64,12 @@ spec:
           containerPort: 9104
           protocol: TCP
         {{- end }}
+        {{- if not .job }}
         # Ray's metrics (KubeRay's well-known port name).
         - name: metrics
           containerPort: 8080
           protocol: TCP
+        {{- end }}
       {{- if eq .node "worker" }}
       lifecycle:
         preStop:
