@@ -203,6 +203,8 @@ def test_an_invalid_config_fails_in_the_job_with_the_validation_error(
     logs = rlfleet("logs", job_id, *remote(head))
     assert logs.returncode == 0 and "invalid learner configuration" in logs.stdout
     assert "model" in logs.stdout
+    followed = rlfleet("logs", job_id, *remote(head), "--follow")  # ends with the job
+    assert followed.returncode == 0 and "invalid learner configuration" in followed.stdout
     status = rlfleet("status", job_id, *remote(head))
     assert status.returncode == 0 and status.stdout.strip() == "FAILED"
     assert_token_hidden(head, job_id, out.stdout, out.stderr, logs.stdout, status.stdout,
