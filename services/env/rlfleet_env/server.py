@@ -36,6 +36,9 @@ def _split(value: object) -> object:
 class EnvSettings(ServiceSettings):
     port: int = Field(50051, ge=0, le=65535)
     metrics_port: int | None = Field(9101, ge=0, le=65535)
+    # env and reward calls are short: a replica's connection moves to whatever the
+    # Service selects (a reward swap by `helm upgrade`) within this long
+    max_connection_age_s: float | None = Field(30.0, gt=0)
     # a built-in ("task", "format+task") or an `rlfleet.rewards` entry point
     reward: str = "task"
     max_episodes: int = Field(100_000, ge=1)
