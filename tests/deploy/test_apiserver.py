@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.deploy, pytest.mark.timeout(BUILD_TIMEOUT_S)]
 KINDS = (
     "deployment,statefulset,service,secret,configmap,persistentvolumeclaim,"
     "networkpolicy,serviceaccount,rayjob,servicemonitor,podmonitor,"
-    "horizontalpodautoscaler"
+    "horizontalpodautoscaler,job"
 )
 
 
@@ -180,7 +180,11 @@ def test_local_profile_installs_and_uninstalls_cleanly(cluster: Cluster) -> None
         NAMESPACE=ns,
     )
     objs = release_objects(cluster, "tiny", ns)
-    assert "rayjob.ray.io/tiny-rlfleet-learner" in objs
+    # No KubeRay operator in the local profile: the learner is a plain Job, /shared a
+    # directory of the node (no claim).
+    assert "job.batch/tiny-rlfleet-learner" in objs
+    assert not any(o.startswith("rayjob") for o in objs)
+    assert not any(o.startswith("persistentvolumeclaim") for o in objs)
     assert not any("servicemonitor" in o for o in objs)
     assert replicas(cluster, "tiny-rlfleet-rollout", ns) == 1
     out = rlfleet(

@@ -173,8 +173,11 @@ def test_labels_security_resources_and_shared_volume(render, profile: str) -> No
                 for m in c.get("volumeMounts", [])
             }
             assert mounts.get("/shared") == "shared", owner
-            claim = next(v for v in spec["volumes"] if v["name"] == "shared")
-            assert claim["persistentVolumeClaim"]["claimName"] == "rlfleet-shared"
+            shared = next(v for v in spec["volumes"] if v["name"] == "shared")
+            if profile == "local":  # a directory of the node (single-node clusters)
+                assert shared["hostPath"]["path"] == "/var/lib/rlfleet/shared", owner
+            else:
+                assert shared["persistentVolumeClaim"]["claimName"] == "rlfleet-shared"
     for svc in r.of_kind("Service"):
         for p in svc["spec"]["ports"]:
             assert p["protocol"] == "TCP", svc["metadata"]["name"]
@@ -275,7 +278,8 @@ def test_rollout_and_learner_placement_on_hyperpod(render) -> None:
 
 def test_learner_config_comes_from_values_or_a_file(render, helm: str, tmp_path: Path) -> None:
     cm = render(HYPERPOD).get("ConfigMap", "rlfleet-learner")
-    assert "qwen3vl8b-maze" in cm["data"]["learner.yaml"]
+    # The recipe only: the run name and model path come from the pod's environment.
+    assert "profile: qwen3-vl-8b" in cm["data"]["learner.yaml"]
     cfg = tmp_path / "learner.yaml"
     cfg.write_text("run: from-file\nlora_rank: 32\n")
     r = render(HYPERPOD, extra=["--set-file", f"learner.configFile={cfg}"])
@@ -362,7 +366,8 @@ def test_a_reward_service_in_an_image_of_its_own(render, validator: Validator,
     assert not validator.validate_all(b.objects)
     dep = b.get("Deployment", "rlfleet-reward-path-efficiency")
     c = container(dep["spec"]["template"])
-    assert c["image"] == "path-efficiency-reward:1.0.0"
+    registry = "localhost/" if profile == "local" else ""
+    assert c["image"] == f"{registry}path-efficiency-reward:1.0.0"
     assert c["command"] == ["path-efficiency-reward", "--port", "50051", "--metrics-port",
                             "9101"]
     assert c["args"] == []
@@ -373,8 +378,9 @@ def test_a_reward_service_in_an_image_of_its_own(render, validator: Validator,
         "path-efficiency"
     assert b.get("Service", "rlfleet-reward")["metadata"]["annotations"][
         "rlfleet.io/selected-reward"] == "path-efficiency"
+    learner = "Job" if profile == "local" else "RayJob"
     for kind, name in [("Deployment", "rlfleet-env-maze"), ("Deployment", "rlfleet-rollout"),
-                       ("RayJob", "rlfleet-learner")]:
+                       (learner, "rlfleet-learner")]:
         assert a.get(kind, name) == b.get(kind, name), f"{kind}/{name} changed"
     # The previous reward service keeps running (enabled): a swap back is instant.
     assert "rlfleet-reward-task" in {d["metadata"]["name"] for d in b.of_kind("Deployment")}
