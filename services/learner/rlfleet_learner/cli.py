@@ -45,6 +45,13 @@ def learner_config(path: str | Path, env: Mapping[str, str], **flags: object):  
         raise ConfigError(f"cannot read {path}: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping")
+    # A deployment names the run (the chart's RLFLEET_RUN); a config file that names
+    # another would be renamed behind its author's back: refuse instead.
+    if env.get("RLFLEET_RUN") and data.get("run") and env["RLFLEET_RUN"] != data["run"]:
+        raise ConfigError(
+            f"{path} names the run {data['run']!r} but RLFLEET_RUN={env['RLFLEET_RUN']!r}: "
+            "give both the same name, or drop `run` from the file (the chart's `run` value "
+            "sets RLFLEET_RUN)")
     for name, keys in ENV_OVERRIDES.items():
         if env.get(name):
             node = data
