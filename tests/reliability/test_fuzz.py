@@ -234,8 +234,6 @@ def group_requests(draw: st.DrawFn) -> rollout_pb2.GroupRequest:
             top_k=draw(st.integers(0, 50)), max_new_tokens=draw(st.integers(1, 4)),
             seed=draw(i64)),
         idempotency_key=uuid.uuid4().hex + draw(st.text(max_size=10)),
-        env_address=draw(st.one_of(st.just(""), text, st.just("127.0.0.1:1"))),
-        reward_address=draw(st.one_of(st.just(""), text)),
         include_images=draw(st.booleans()),
         context=draw(st.sampled_from(["", "full", "last_frame"])))
     for name in draw(st.sets(st.sampled_from(sorted(BAD_GROUP_FIELDS)), max_size=2)):

@@ -136,8 +136,6 @@ helm.sh/chart: {{ include "rlfleet.chart" .root }}
   value: {{ include "rlfleet.rewardAddress" . | quote }}
 - name: RLFLEET_SYNC_ADDRESS
   value: {{ include "rlfleet.ckptsyncAddress" . | quote }}
-- name: RLFLEET_ROLLOUT_SERVICE
-  value: {{ include "rlfleet.rolloutService" . | quote }}
 - name: HOME
   value: /tmp
 - name: PYTHONDONTWRITEBYTECODE
