@@ -36,6 +36,8 @@ def test_on_policy_loss_is_minus_mean_advantage_and_gradient_is_policy_gradient(
     torch.testing.assert_close(logp.grad, expected)
     assert stats["ratio_mean"] == pytest.approx(1.0) and stats["clip_frac"] == 0.0
     assert stats["num_loss_tokens"] == 4 and "kl" not in stats
+    # The entropy estimate: the mean of -logprob over the loss tokens, (0.5 + 1.0) / 2.
+    assert stats["entropy"] == pytest.approx(0.75)
 
 
 def test_kl_term_is_added_with_its_coefficient() -> None:

@@ -64,6 +64,9 @@ def grpo_loss(
         stats["kl_loss"] = float(kl_loss.detach())
 
     stats["loss"] = float(total.detach())
+    # Mean negative logprob of the sampled tokens: an estimate of the policy's entropy at
+    # the states it visited (exact in expectation on-policy), with no extra pass.
+    stats["entropy"] = masked_mean(-logp_new.detach(), mask)
     stats["num_loss_tokens"] = float(mask.sum())
     stats["num_sequences"] = float(shape[0])
     return total, stats

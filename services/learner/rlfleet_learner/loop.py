@@ -57,6 +57,12 @@ EVAL_SOLVE = Gauge("rlfleet_learner_eval_solve_rate", "greedy true solve rate", 
 STALENESS = Gauge("rlfleet_learner_staleness", "largest adapter lag among trained trajectories")
 STEP = Gauge("rlfleet_learner_step", "optimizer steps taken")
 VERSION = Gauge("rlfleet_learner_adapter_version", "latest adapter version published")
+# The update's own numbers, from the step's loss statistics (0 on a step with no update).
+LOSS = Gauge("rlfleet_learner_loss", "the step's total loss (policy + KL term)")
+KL = Gauge("rlfleet_learner_kl", "mean per-token KL to the reference policy")
+CLIP = Gauge("rlfleet_learner_clip_ratio", "fraction of loss tokens whose ratio was clipped")
+ENTROPY = Gauge("rlfleet_learner_entropy", "mean negative logprob of the sampled loss tokens")
+GRAD_NORM = Gauge("rlfleet_learner_grad_norm", "gradient norm before clipping")
 STEP_SECONDS = Histogram("rlfleet_learner_step_seconds", "wall time per step", ["phase"],
                          buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))
 
@@ -369,6 +375,11 @@ class Learner:
         REWARD_MEAN.set(doc["reward_mean"])
         STALENESS.set(batch.max_staleness_seen)
         STEP.set(self.state.step)
+        LOSS.set(doc.get("loss_loss", 0.0))
+        KL.set(doc.get("loss_kl", 0.0))
+        CLIP.set(doc.get("loss_clip_frac", 0.0))
+        ENTROPY.set(doc.get("loss_entropy", 0.0))
+        GRAD_NORM.set(doc["grad_norm"])
         for phase, seconds in phases.items():
             STEP_SECONDS.labels(phase).observe(seconds)
         print(f"[step {self.state.step:>4}/{self.cfg.steps}] reward {doc['reward_mean']:.3f} "
