@@ -430,10 +430,18 @@ def test_dashboard_configmap_has_every_panel(render) -> None:
         "rlfleet_sync_publish_to_live_seconds_bucket",
         "rlfleet_rollout_adapter_version",
         "rlfleet_rollout_active_episodes",
+        "rlfleet_learner_loss",
+        "rlfleet_learner_kl",
+        "rlfleet_learner_entropy",
+        "rlfleet_learner_clip_ratio",
+        "rlfleet_learner_grad_norm",
     ):
         assert metric in exprs, metric
     assert "by (replica)" in exprs
     assert "histogram_quantile(0.95" in exprs
+    # The solve-rate panel keeps the eval and held-out sets apart, one series each.
+    for s in ("eval", "heldout"):
+        assert f'rlfleet_learner_eval_solve_rate{{namespace=~"$namespace", set="{s}"}}' in exprs
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
 
