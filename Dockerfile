@@ -39,6 +39,15 @@ RUN /opt/build/bin/python -m grpc_tools.protoc -I protos --python_out=libs --pyi
       --grpc_python_out=libs protos/rlfleet/v1/*.proto \
  && /opt/build/bin/pip wheel -q --no-deps --no-build-isolation -w /dist .
 
+# --- the requirements pyproject.toml declares for EXTRAS, as a file: the next stage's
+# dependency layer is keyed by this file's content, so an edit elsewhere in pyproject.toml
+# (a pytest option) does not reinstall torch
+FROM ${BASE_IMAGE} AS declared
+USER root
+ARG EXTRAS
+COPY pyproject.toml scripts/images/declared_deps.py /src/
+RUN python3 /src/declared_deps.py --pyproject /src/pyproject.toml "${EXTRAS}" > /requirements-declared.txt
+
 # --- the service
 FROM ${BASE_IMAGE}
 USER root
@@ -54,14 +63,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     VLLM_ALLOW_RUNTIME_LORA_UPDATING=True VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 WORKDIR /opt/rlfleet
-# Dependencies first, from pyproject.toml's declarations for these extras: this layer
-# changes only with pyproject.toml or the lock, not with the code. --system-site-packages:
-# on the vLLM and Ray bases the venv sees the torch, vLLM and Ray they ship.
-COPY pyproject.toml requirements.txt ./
-COPY scripts/images/declared_deps.py scripts/images/entrypoint.sh ./
+# Dependencies first, pyproject.toml's declarations for these extras: this layer changes
+# only with them or the lock, not with the code. --system-site-packages: on the vLLM and
+# Ray bases the venv sees the torch, vLLM and Ray they ship.
+COPY requirements.txt ./
+COPY --from=declared /requirements-declared.txt ./
 RUN python3 -m venv --system-site-packages /opt/venv \
- && python3 declared_deps.py "${EXTRAS}" > requirements-declared.txt \
  && pip install -q ${LOCK:+-c /opt/rlfleet/$LOCK} -r requirements-declared.txt
+COPY scripts/images/entrypoint.sh ./
 ARG SERVICE
 ENV RLFLEET_SERVICE=${SERVICE}
 COPY --from=wheel /dist /opt/rlfleet/dist
