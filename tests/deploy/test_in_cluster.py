@@ -153,11 +153,17 @@ def fleet(k8s_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[F
         shared.mkdir()
         shared.chmod(0o777)
         helm_args = (f"--set shared.hostPath={shared} --set run={RUN} "
-                     f"--set learner.config.steps={STEPS} --wait --timeout 10m")
+                     f"--set learner.config.steps={STEPS}")
         _run(["make", "-s", "deploy", "VALUES=deploy/helm/rlfleet/values-local.yaml",
               f"RELEASE={RELEASE}", "NAMESPACE=default", f"HELM_ARGS={helm_args}"],
              env=env, timeout=900)
-        yield Fleet(kubeconfig, k8s_bin / "kubectl", shared, env)
+        fleet = Fleet(kubeconfig, k8s_bin / "kubectl", shared, env)
+        # Every component Ready through its probe (the model is built by the init
+        # containers first), the learner's pod running.
+        wait_for(lambda: all(fleet.ready_pods(c) for c in
+                             ("env", "reward", "rollout", "ckptsync", "redis")), 900,
+                 "every component's pod Ready", fleet.diagnose)
+        yield fleet
     finally:
         _run(["bash", str(SCRIPTS / "cluster.sh"), "down", "--dir", str(state)], check=False,
              timeout=300)
