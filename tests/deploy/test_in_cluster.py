@@ -30,7 +30,9 @@ import pytest
 
 from .conftest import ROOT, SCRIPTS, _run
 
-pytestmark = [pytest.mark.deploy, pytest.mark.slow]
+# pytest-timeout counts the module fixture's set-up (image builds, loading: minutes, more on
+# a fresh machine) in the first test, and the GRPO run takes minutes of its own.
+pytestmark = [pytest.mark.deploy, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 RELEASE = "rlfleet"
 RUN = "cluster-grpo"
