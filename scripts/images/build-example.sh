@@ -6,8 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DIR=${1:?usage: build-example.sh DIR NAME:TAG}; NAME=${2:?usage: build-example.sh DIR NAME:TAG}
-TAG=${4:-$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' deploy/helm/rlfleet/Chart.yaml)}
 source scripts/images/tool.sh
+TAG=$(chart_app_version)
+[ "${3:-}" = --tag ] && TAG=${4:?--tag needs the rlfleet image tag}
 WHEELS=$(scripts/images/wheelhouse.sh local localhost/rlfleet-base:bookworm | tail -1)
 image_build --build-arg "RLFLEET_IMAGE=localhost/rlfleet-env:$TAG" \
   --build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS=/wheels -v "$WHEELS:/wheels:ro" \

@@ -32,13 +32,13 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ ${#SERVICES[@]} -gt 0 ] || SERVICES=(env rollout learner ckptsync)
-[ -n "$TAG" ] || TAG=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' deploy/helm/rlfleet/Chart.yaml)
 # The local profile's images are named as the chart's values-local.yaml pulls them.
 [ -z "$PREFIX" ] && [ "$PROFILE" = local ] && PREFIX=localhost/
 [ -z "$PREFIX" ] || PREFIX="${PREFIX%/}/"
 log() { echo "[images] $*" >&2; }
 
 source "$HERE/tool.sh"   # IMAGE_TOOL and the builder's flags (image_build, image_push)
+[ -n "$TAG" ] || TAG=$(chart_app_version)
 
 case "$PROFILE" in
   hyperpod|local) ;;

@@ -26,3 +26,5 @@ case "$IMAGE_TOOL" in
   *) echo "images: IMAGE_TOOL is docker, podman or buildah, not $IMAGE_TOOL" >&2; exit 1 ;;
 esac
 buildah_store() { buildah "${STORE[@]}" "$@"; }
+# The images' default tag: the chart's appVersion (run from the repository root).
+chart_app_version() { sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' deploy/helm/rlfleet/Chart.yaml; }
