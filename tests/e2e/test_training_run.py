@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlfleet.local.stack import LocalStack, start_stack
-from rlfleet.registry import ReplicaRegistry, connect
+from rlfleet.fleet import ReplicaDirectory, connect
 from rlfleet.storage import RunsRoot, latest_complete_checkpoint, list_versions
 from tests import factories
 from tests.factories import NO_EVAL, SFT
@@ -65,7 +65,7 @@ def test_a_short_training_run(stack: LocalStack, tmp_path: Path) -> None:
     root = RunsRoot(stack.runs_root)
     assert list_versions(root, "e2e")[-1] == 4  # initial + one per step
     assert latest_complete_checkpoint(root, "e2e").name == "step_000003"
-    live = ReplicaRegistry(connect(stack.redis_url)).live()
+    live = ReplicaDirectory(connect(stack.redis_url)).live()
     assert sorted(r.adapter_version for r in live) == [4, 4]  # both replicas serve the last
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["step"] == 3 and summary["last_eval"]["eval"]["episodes"] == 4

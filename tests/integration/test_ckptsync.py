@@ -9,14 +9,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from rlfleet.registry import (
+from rlfleet.fleet import (
     AdapterRecord,
-    AdapterRegistry,
+    AdapterDirectory,
     ReplicaInfo,
-    ReplicaRegistry,
+    ReplicaDirectory,
     connect,
 )
-from rlfleet.registry.adapters import PendingVersion
+from rlfleet.fleet.adapters import PendingVersion
 from rlfleet.rpc import RpcClient
 from rlfleet.storage import RunsRoot, list_versions
 from rlfleet.v1 import common_pb2, sync_pb2, sync_pb2_grpc
@@ -48,7 +48,7 @@ def fleet(tmp_path: Path, redis_url: str, start_ckptsync):  # noqa: ANN201
 
 def test_publish_get_latest_and_event(fleet) -> None:
     root, client, redis, _ = fleet
-    events = AdapterRegistry(redis).events(RUN, poll_s=0.1, pending=True)
+    events = AdapterDirectory(redis).events(RUN, poll_s=0.1, pending=True)
     next(events)  # subscribed
     manifest = publish_version(root, RUN, 1)
     reply = publish(client, 1, path=f"{RUN}/adapters/v000001")
@@ -80,10 +80,10 @@ def test_bad_publishes_are_refused(fleet) -> None:
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))
-    events = AdapterRegistry(redis).events(RUN, poll_s=0.1)
+    events = AdapterDirectory(redis).events(RUN, poll_s=0.1)
     next(events)  # subscribed
     assert code_of(lambda: publish(client, 3)) == grpc.StatusCode.FAILED_PRECONDITION
-    assert AdapterRegistry(redis).latest(RUN) is None  # nothing recorded
+    assert AdapterDirectory(redis).latest(RUN) is None  # nothing recorded
     assert [e for e in (next(events) for _ in range(5)) if e is not None] == []  # nor announced
     assert code_of(lambda: publish(client, 4)) == grpc.StatusCode.NOT_FOUND
     for path in ("../../etc", "/etc/passwd", f"{RUN}/adapters/v000003/../../.."):
@@ -101,7 +101,7 @@ def test_wait_for_replicas_and_acks(fleet) -> None:
     root, client, redis, _ = fleet
     manifest = publish_version(root, RUN, 1)
     publish(client, 1)
-    replicas = ReplicaRegistry(redis)
+    replicas = ReplicaDirectory(redis)
     replicas.heartbeat(ReplicaInfo("r1", "127.0.0.1:1", run=RUN, adapter_version=1), ttl_s=30)
     replicas.heartbeat(ReplicaInfo("r2", "127.0.0.1:2", run=RUN, adapter_version=0), ttl_s=30)
     assert code_of(lambda: client.call(Sync, "WaitForReplicas", sync_pb2.WaitForReplicasRequest(
@@ -129,7 +129,7 @@ def test_redis_flush_is_healed_from_shared(fleet) -> None:
     deadline = time.monotonic() + 20
     latest = None
     while time.monotonic() < deadline:
-        latest = AdapterRegistry(redis).latest(RUN)
+        latest = AdapterDirectory(redis).latest(RUN)
         if latest is not None:
             break
         time.sleep(0.2)
@@ -165,13 +165,13 @@ def test_garbage_collection_keeps_served_and_newest(tmp_path: Path, redis_url: s
     root.root.mkdir(parents=True)
     proc = start_ckptsync(redis_url, root.root, "--keep-last", "2", "--gc-delay-s", "0.5")
     client, redis = RpcClient(proc.address, timeout_s=10), connect(redis_url)
-    ReplicaRegistry(redis).heartbeat(
+    ReplicaDirectory(redis).heartbeat(
         ReplicaInfo("r1", "127.0.0.1:1", run=RUN, adapter_version=2), ttl_s=30)
     for v in range(1, 6):
         publish_version(root, RUN, v)
         publish(client, v)
     assert _wait_versions(root, [2, 4, 5]) == [2, 4, 5]
-    assert [r.version for r in AdapterRegistry(redis).history(RUN)] == [2, 4, 5]
+    assert [r.version for r in AdapterDirectory(redis).history(RUN)] == [2, 4, 5]
 
 
 def test_garbage_collection_once_every_replica_has_moved(tmp_path: Path, redis_url: str,
@@ -181,7 +181,7 @@ def test_garbage_collection_once_every_replica_has_moved(tmp_path: Path, redis_u
     root.root.mkdir(parents=True)
     proc = start_ckptsync(redis_url, root.root, "--keep-last", "2", "--gc-delay-s", "3600")
     client, redis = RpcClient(proc.address, timeout_s=10), connect(redis_url)
-    replicas = ReplicaRegistry(redis)
+    replicas = ReplicaDirectory(redis)
     for v in range(1, 5):
         manifest = publish_version(root, RUN, v)
         publish(client, v)
@@ -202,7 +202,7 @@ def test_wait_for_replicas_wakes_on_acknowledgements(fleet) -> None:
     root, client, redis, _ = fleet
     manifest = publish_version(root, RUN, 1)
     publish(client, 1)
-    replicas = ReplicaRegistry(redis)
+    replicas = ReplicaDirectory(redis)
     for rid in ("r1", "r2"):
         replicas.heartbeat(ReplicaInfo(rid, "127.0.0.1:1", run=RUN, adapter_version=0), 30)
     result: dict = {}
@@ -225,7 +225,7 @@ def test_wait_for_replicas_wakes_on_acknowledgements(fleet) -> None:
 
 
 def test_ack_waiter_and_one_script_publish(redis_url: str) -> None:
-    registry = AdapterRegistry(connect(redis_url))
+    registry = AdapterDirectory(connect(redis_url))
     events = registry.events(RUN, poll_s=0.1)
     next(events)  # subscribed
     with registry.ack_waiter(RUN) as acks:

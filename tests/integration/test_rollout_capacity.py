@@ -24,7 +24,7 @@ from rlfleet.clients.rollout_pool import (
     InsufficientCapacity,
     RolloutPool,
 )
-from rlfleet.registry import ReplicaInfo, ReplicaRegistry, connect
+from rlfleet.fleet import ReplicaInfo, ReplicaDirectory, connect
 from rlfleet.rpc import RpcClient
 from rlfleet.rpc.server import GrpcServer, ServerConfig
 from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
@@ -149,7 +149,7 @@ def replicas(procs) -> Iterator[Callable[..., FakeReplica]]:  # noqa: ANN001 - t
                                    max_groups=servicer.max_groups,
                                    max_episodes=servicer.max_episodes)
 
-            heartbeat = Heartbeat(ReplicaRegistry(connect(redis_url)), info, period_s=0.2,
+            heartbeat = Heartbeat(ReplicaDirectory(connect(redis_url)), info, period_s=0.2,
                                   ttl_s=1.5)
         server.start()
         if heartbeat is not None:
@@ -365,7 +365,7 @@ def test_capacity_check_fails_fast_with_a_clear_message(replicas, redis_url: str
 
 def test_registry_heartbeat_carries_capacity(replicas, redis_url: str) -> None:
     replicas("a", max_groups=3, max_episodes=7, redis_url=redis_url)
-    (info,) = ReplicaRegistry(connect(redis_url)).live()
+    (info,) = ReplicaDirectory(connect(redis_url)).live()
     assert (info.max_groups, info.max_episodes) == (3, 7)
 
 

@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from rlfleet.clients.rollout_pool import RolloutPool
-from rlfleet.registry import AdapterRecord, AdapterRegistry, ReplicaRegistry, connect
+from rlfleet.fleet import AdapterRecord, AdapterDirectory, ReplicaDirectory, connect
 from rlfleet.rpc import RpcClient
 from rlfleet.storage import RunsRoot
 from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc, sync_pb2, sync_pb2_grpc
@@ -165,16 +165,16 @@ def test_hot_load_verifies_and_swaps_adapters(env, start_rollout, start_ckptsync
     redis = connect(redis_url)
     genuine = {1: manifest.manifest_sha256,
                2: publish_tiny_lora(root, "hot", 2, tiny_model_dir).manifest_sha256}
-    AdapterRegistry(redis).publish(AdapterRecord(
+    AdapterDirectory(redis).publish(AdapterRecord(
         run="hot", version=2, path="hot/adapters/v000002", sha256="0" * 64))
-    AdapterRegistry(redis).publish(AdapterRecord(
+    AdapterDirectory(redis).publish(AdapterRecord(
         run="hot", version=3, path="../../../etc", sha256="0" * 64))
     time.sleep(3)
     status = RpcClient(replica.address).call(Rollout, "GetStatus", rollout_pb2.StatusRequest())
     assert status.adapter.version in genuine
     assert status.adapter.sha256 == genuine[status.adapter.version]
     assert "adapter refused" in replica.log_path.read_text()
-    (live,) = ReplicaRegistry(redis).live()
+    (live,) = ReplicaDirectory(redis).live()
     assert live.adapter_version in genuine
 
 
@@ -215,7 +215,7 @@ def test_replica_killed_mid_request_loses_nothing(env, start_rollout, redis_url:
     b = start_rollout(env.address, name="rb", redis_url=redis_url)
     pool = RolloutPool(redis_url=redis_url, run="test", stream_timeout_s=300)
     requests = [group(seed=1_000_100 + i, g=3, turns=8) for i in range(4)]
-    registry = ReplicaRegistry(connect(redis_url))
+    registry = ReplicaDirectory(connect(redis_url))
 
     def kill_when_busy() -> None:  # SIGKILL replica "ra" while it plays a group
         deadline = time.monotonic() + 120

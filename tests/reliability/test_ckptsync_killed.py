@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from rlfleet.clients.rollout_pool import RolloutPool
-from rlfleet.registry import AdapterRegistry, ReplicaRegistry, connect
+from rlfleet.fleet import AdapterDirectory, ReplicaDirectory, connect
 from rlfleet.v1 import sync_pb2
 from tests.reliability.conftest import (
     Fleet,
@@ -30,7 +30,7 @@ def test_ckptsync_killed_replicas_keep_serving_and_restart_rebuilds(fleet: Fleet
     v1 = fleet.publish(1)
     assert sorted(fleet.wait_replicas(1, 2)) == ["ra", "rb"]
     redis = connect(fleet.redis_url)
-    replicas = ReplicaRegistry(redis)
+    replicas = ReplicaDirectory(redis)
 
     pool = RolloutPool(redis_url=fleet.redis_url, run=fleet.run, stream_timeout_s=120)
     before_kill = [group(seed=1_000_300 + i, g=2, turns=4, min_version=1) for i in range(4)]
@@ -67,7 +67,7 @@ def test_ckptsync_killed_replicas_keep_serving_and_restart_rebuilds(fleet: Fleet
     assert sorted(fleet.wait_replicas(2, 2)) == ["ra", "rb"]
     wait_until("the live-replica gauge", lambda: metric_value(sync.extra["metrics_port"],
                                                               "rlfleet_sync_live_replicas") == 2)
-    history = [r.version for r in AdapterRegistry(redis).history(fleet.run)]
+    history = [r.version for r in AdapterDirectory(redis).history(fleet.run)]
     assert history == sorted(history) and history[-1] == 2
     again = [group(seed=1_000_320 + i, g=2, turns=2, min_version=2) for i in range(2)]
     results2 = list(pool.run_groups(again))

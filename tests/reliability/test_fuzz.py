@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from rlfleet import limits
 from rlfleet.local.procs import ProcessGroup
-from rlfleet.registry import AdapterRegistry, connect, keys
+from rlfleet.fleet import AdapterDirectory, connect, keys
 from rlfleet.rpc.client import open_channel
 from rlfleet.rpc.health import check
 from rlfleet.storage import PathOutsideRunsRoot, RunsRoot, publish_adapter_dir
@@ -445,9 +445,9 @@ def test_publish_refuses_paths_outside_the_runs_root(target: Target, tmp_path: P
         redis = connect(target.fleet.redis_url)
         redis.delete(keys.latest(RUN))
         wait_until("RUN re-announced by the reconciler",
-                   lambda: getattr(AdapterRegistry(redis).latest(RUN), "version", 0) == 2,
+                   lambda: getattr(AdapterDirectory(redis).latest(RUN), "version", 0) == 2,
                    timeout_s=20)
-        assert AdapterRegistry(redis).latest("esc2") is None
+        assert AdapterDirectory(redis).latest("esc2") is None
     finally:
         (root.root / "esc").unlink()
         (root.adapters_root(RUN) / "v000007").unlink()

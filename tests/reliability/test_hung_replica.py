@@ -19,7 +19,7 @@ import time
 import pytest
 
 from rlfleet.clients.rollout_pool import RolloutPool
-from rlfleet.registry import ReplicaRegistry, connect
+from rlfleet.fleet import ReplicaDirectory, connect
 from tests.reliability.conftest import (
     Fleet,
     assert_exactly_once,
@@ -40,7 +40,7 @@ def test_stopped_replica_loses_its_groups_when_its_heartbeat_expires(fleet: Flee
     # heartbeat's expiry can move the groups within this test's time
     pool = RolloutPool(redis_url=fleet.redis_url, run=fleet.run)
     assert (pool.stream_timeout_s, pool.idle_timeout_s) == (1800.0, 600.0)
-    registry = ReplicaRegistry(connect(fleet.redis_url))
+    registry = ReplicaDirectory(connect(fleet.redis_url))
     requests = [group(seed=1_001_100 + i, g=2, turns=4) for i in range(6)]
     results: list = []
     errors: list = []

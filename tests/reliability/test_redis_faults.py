@@ -29,7 +29,7 @@ import yaml
 
 from rlfleet.clients.rollout_pool import RolloutPool
 from rlfleet.local.procs import free_port
-from rlfleet.registry import RegistryAuthError, ReplicaRegistry, connect
+from rlfleet.fleet import FleetAuthError, ReplicaDirectory, connect
 from rlfleet.rpc.health import check
 from rlfleet.v1 import common_pb2, sync_pb2
 from rlfleet_learner.publisher import AdapterPublisher
@@ -69,7 +69,7 @@ def test_redis_full_publish_is_retried_and_replicas_stay(fleet: Fleet, caplog) -
     fleet.publish(1)
     fleet.wait_replicas(1, 2)
     redis = connect(fleet.redis_url)
-    registry = ReplicaRegistry(redis)
+    registry = ReplicaDirectory(redis)
     pool = RolloutPool(redis_url=fleet.redis_url, run=fleet.run)
     requests = [group(seed=1_001_500 + i, g=2, turns=4, min_version=1) for i in range(6)]
     results: list = []
@@ -159,7 +159,7 @@ def test_wrong_redis_password_on_the_learner_fails_once_and_clearly(fleet: Fleet
     url = f"redis://127.0.0.1:{fleet.redis_port}/0"
     wrong = {"REDIS_PASSWORD": "wrong-" + password[::-1]}
     # the pool itself: one clear error at construction
-    with pytest.raises(RegistryAuthError, match="Redis refused the credentials"):
+    with pytest.raises(FleetAuthError, match="Redis refused the credentials"):
         RolloutPool(redis_url=f"redis://:wrong@127.0.0.1:{fleet.redis_port}/0", run="x")
     config = tmp_path / "learner.yaml"
     config.write_text(yaml.safe_dump({
@@ -189,7 +189,7 @@ def test_replica_started_while_redis_is_down_registers_when_it_returns(fleet: Fl
     (rc,) = fleet.start_replicas(["rc"], wait=False)
     wait_until("rc up, NOT_SERVING", lambda: check(rc.address or "") == "NOT_SERVING",
                timeout_s=300, period_s=0.2)
-    wait_until("rc to say why", lambda: "cannot register in the fleet registry"
+    wait_until("rc to say why", lambda: "cannot register in the fleet store"
                in rc.log_path.read_text(), timeout_s=60)
     # it waits (does not exit, does not claim to be ready) for longer than its TTL
     time.sleep(HEARTBEAT_TTL_S)
@@ -197,7 +197,7 @@ def test_replica_started_while_redis_is_down_registers_when_it_returns(fleet: Fl
 
     fleet.start_redis()  # Redis comes back, on the address the replica was given
     wait_until("rc SERVING", lambda: check(rc.address or "") == "SERVING", timeout_s=120)
-    registry = ReplicaRegistry(connect(fleet.redis_url))
+    registry = ReplicaDirectory(connect(fleet.redis_url))
     wait_until("rc registered", lambda: [r.replica_id for r in registry.live()] == ["rc"],
                timeout_s=30)
     pool = RolloutPool(redis_url=fleet.redis_url, run=fleet.run)
@@ -206,7 +206,7 @@ def test_replica_started_while_redis_is_down_registers_when_it_returns(fleet: Fl
     pool.close()
     log = rc.log_path.read_text()
     assert "Traceback" not in log
-    warned = log.count("cannot register in the fleet registry")
+    warned = log.count("cannot register in the fleet store")
     print(f"replica started with Redis down: NOT_SERVING (alive) until Redis came back "
           f"({warned} warning), then registered and SERVING; {len(requests)} groups / "
           f"{trajectories} trajectories exactly once")

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from rlfleet.clients.rollout_pool import RolloutPool
-from rlfleet.registry import AdapterRegistry, ReplicaRegistry, connect
+from rlfleet.fleet import AdapterDirectory, ReplicaDirectory, connect
 from rlfleet.v1 import common_pb2, sync_pb2
 from tests.reliability.conftest import (
     Fleet,
@@ -33,7 +33,7 @@ class VersionWatch:
         self.seen: dict[str, list[int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._registry = AdapterRegistry(connect(fleet.redis_url))
+        self._registry = AdapterDirectory(connect(fleet.redis_url))
 
     def _loop(self) -> None:
         while not self._stop.wait(0.1):
@@ -101,10 +101,10 @@ def test_redis_restarted_and_flushed_fleet_heals_without_restarts(fleet: Fleet) 
         fleet.start_redis("redis-2")  # same port, empty
 
         redis = connect(fleet.redis_url)
-        replicas = ReplicaRegistry(redis)
+        replicas = ReplicaDirectory(redis)
         wait_until("both replicas re-registered",
                    lambda: {r.replica_id for r in replicas.live()} == {"ra", "rb"})
-        adapters = AdapterRegistry(redis)
+        adapters = AdapterDirectory(redis)
         wait_until("ckpt-sync re-announced v2 from /shared",
                    lambda: getattr(adapters.latest(fleet.run), "version", 0) == 2)
         assert sorted(fleet.wait_replicas(2, 2)) == ["ra", "rb"]  # they caught up

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from rlfleet.clients.rollout_pool import Capacity, RolloutPool
-from rlfleet.registry import ReplicaRegistry, connect
+from rlfleet.fleet import ReplicaDirectory, connect
 from rlfleet.v1 import common_pb2, rollout_pb2
 from tests.reliability.conftest import (
     Fleet,
@@ -54,7 +54,7 @@ def test_eval_burst_fits_the_fleet_and_a_dead_replica_is_covered(fleet: Fleet) -
                                   env={"RLFLEET_MAX_EPISODES": str(MAX_EPISODES)})
     ports = {p.name: p.extra["metrics_port"] for p in (ra, rb)}
     live = {r.replica_id: (r.max_groups, r.max_episodes)
-            for r in ReplicaRegistry(connect(fleet.redis_url)).live()}
+            for r in ReplicaDirectory(connect(fleet.redis_url)).live()}
     assert live == {"ra": (MAX_GROUPS, MAX_EPISODES), "rb": (MAX_GROUPS, MAX_EPISODES)}
     status = fleet.status(ra)
     assert (status.max_groups, status.max_episodes) == (MAX_GROUPS, MAX_EPISODES)

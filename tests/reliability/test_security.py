@@ -28,7 +28,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from rlfleet.clients.rollout_pool import RolloutPool
 from rlfleet.local.procs import ProcessGroup, free_port, rlfleet_argv
-from rlfleet.registry import AdapterRegistry, connect
+from rlfleet.fleet import AdapterDirectory, connect
 from rlfleet.rpc import RpcClient
 from rlfleet.rpc.client import open_channel
 from rlfleet.rpc.health import check
@@ -128,7 +128,7 @@ def test_token_auth_on_every_service_and_redis_password(fleet: Fleet, tmp_path: 
     sync.call(Sync, "Publish", sync_pb2.PublishRequest(
         adapter=common_pb2.AdapterRef(run=fleet.run, version=1)))
     redis_url = f"redis://:{redis_password}@127.0.0.1:{fleet.redis_port}/0"
-    adapters = AdapterRegistry(connect(redis_url))
+    adapters = AdapterDirectory(connect(redis_url))
     wait_until("the replica's acknowledgement", lambda: "ra" in adapters.acks(fleet.run, 1))
     pool = RolloutPool(redis_url=redis_url, run=fleet.run, token=token, stream_timeout_s=120)
     requests = [group(seed=1_000_900 + i, min_version=1) for i in range(2)]

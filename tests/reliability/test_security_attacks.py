@@ -31,8 +31,8 @@ import yaml
 
 from rlfleet.clients.rollout_pool import RolloutPool
 from rlfleet.local.procs import Proc, free_port, rlfleet_argv
-from rlfleet.registry import AdapterRegistry, ReplicaRegistry, connect, keys, registry_key
-from rlfleet.registry.identity import sign_document
+from rlfleet.fleet import AdapterDirectory, ReplicaDirectory, connect, keys, fleet_signing_key
+from rlfleet.fleet.identity import sign_document
 from rlfleet.rpc import RpcClient
 from rlfleet.rpc.client import open_channel
 from rlfleet.rpc.health import check
@@ -290,7 +290,7 @@ def test_redis_access_cannot_steal_the_token_or_forge_replicas(fleet: Fleet) -> 
         "evil-renamed": {**real, **bait, "replica_id": "evil-renamed"},
         "evil-random-mac": {**real, **bait, "replica_id": "evil-random-mac",
                             "mac": secrets.token_hex(32)},
-        "evil-guessed-key": sign_document(registry_key("not-the-token"), {
+        "evil-guessed-key": sign_document(fleet_signing_key("not-the-token"), {
             **{k: v for k, v in real.items() if k != "mac"}, **bait,
             "replica_id": "evil-guessed-key"}, ttl_s=600),
     }
@@ -300,7 +300,7 @@ def test_redis_access_cannot_steal_the_token_or_forge_replicas(fleet: Fleet) -> 
             redis.set(keys.replica(name), json.dumps(doc), px=600_000)
 
     plant()
-    assert len(ReplicaRegistry(redis).live()) == 2 + len(forged)  # Redis alone lists them
+    assert len(ReplicaDirectory(redis).live()) == 2 + len(forged)  # Redis alone lists them
 
     # the learner's pool (with the fleet's token) sees only the replicas that prove it
     pool = RolloutPool(redis_url=fleet.redis_url, run=fleet.run, token=token)
@@ -331,7 +331,7 @@ def test_redis_access_cannot_steal_the_token_or_forge_replicas(fleet: Fleet) -> 
     reply = sync.call(Sync, "Publish", sync_pb2.PublishRequest(
         adapter=common_pb2.AdapterRef(run=fleet.run, version=1)))
     assert reply.adapter.version == 1
-    adapters = AdapterRegistry(redis)
+    adapters = AdapterDirectory(redis)
     assert adapters.latest(fleet.run).version == 1
     assert sorted(fleet.wait_replicas(1, 2)) == ["ra", "rb"]
     # ... and does not survive the reconciler, which rebuilds latest from /shared
@@ -347,7 +347,7 @@ def test_redis_access_cannot_steal_the_token_or_forge_replicas(fleet: Fleet) -> 
     assert {fleet.status(p).adapter.version for p in (ra, rb)} == {2}
     # the attacker never got a call, the forged keys are still in Redis, still ignored
     plant()
-    assert len(ReplicaRegistry(redis, registry_key(token)).live()) == 2
+    assert len(ReplicaDirectory(redis, fleet_signing_key(token)).live()) == 2
     assert attacker.calls == 0 and attacker.tokens == []
     server.stop(0)
     print(f"forged registry: {len(forged)} forged heartbeats ignored by the pool and "
@@ -387,7 +387,7 @@ def test_mutual_tls_fleet_end_to_end(fleet: Fleet, tmp_path: Path) -> None:
     # learner -> ckpt-sync (TLS), replica -> ckpt-sync (its acknowledgement, TLS)
     fleet.publish(1)
     assert fleet.wait_replicas(1, 1) == ["ra"]
-    acks = AdapterRegistry(connect(fleet.redis_url), registry_key(token)).acks(fleet.run, 1)
+    acks = AdapterDirectory(connect(fleet.redis_url), fleet_signing_key(token)).acks(fleet.run, 1)
     assert "ra" in acks  # ckpt-sync recorded the replica's signed acknowledgement
     # learner -> replica (TLS), replica -> env/reward (TLS)
     pool = RolloutPool(redis_url=fleet.redis_url, run=fleet.run, token=token, tls=tls)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from rlfleet.local.procs import ProcessGroup
-from rlfleet.registry import AdapterRecord, AdapterRegistry, connect
+from rlfleet.fleet import AdapterRecord, AdapterDirectory, connect
 from rlfleet.storage import (
     RunsRoot,
     latest_version,
@@ -91,7 +91,7 @@ class Announcements:
         self.checked: list[int] = []
         self.bad: list[str] = []
         self._stop = threading.Event()
-        self._events = AdapterRegistry(connect(fleet.redis_url)).events(fleet.run, poll_s=0.1)
+        self._events = AdapterDirectory(connect(fleet.redis_url)).events(fleet.run, poll_s=0.1)
         next(self._events)  # subscribed before anything is published
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -182,7 +182,7 @@ def test_corrupted_and_escaping_adapters_refused_by_every_replica(sfleet: Fleet,
         fleet.publish(1)
         good = 1
     fleet.wait_replicas(good, 2)
-    registry = AdapterRegistry(connect(fleet.redis_url))
+    registry = AdapterDirectory(connect(fleet.redis_url))
     refused_before = {n: metric_value(p.extra["metrics_port"],
                                       "rlfleet_rollout_adapter_loads_total", 'outcome="refused"')
                       for n, p in fleet.replicas.items()}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlfleet.engines import EngineError
-from rlfleet.registry import AdapterRecord
+from rlfleet.fleet import AdapterRecord
 from rlfleet.storage import RunsRoot
 from rlfleet_rollout.adapters import AdapterManager, AdapterRefused
 from rlfleet_rollout.batcher import GenerationBatcher

@@ -31,7 +31,7 @@ stream that delivers no trajectory for `idle_timeout_s` (the only check for stat
 addresses). Cancelled groups are re-sent like any failed group.
 
 Identity: with the fleet's token the pool lists only replicas whose heartbeat is signed
-with the key derived from it (`rlfleet.registry.identity`), so neither groups nor the
+with the key derived from it (`rlfleet.fleet.identity`), so neither groups nor the
 token ever go to an address that someone merely wrote into Redis. Without a token (auth
 explicitly off) every heartbeat is trusted. TLS options (`tls`) apply to every replica.
 """
@@ -52,13 +52,13 @@ import grpc
 import redis
 from prometheus_client import Counter, Gauge
 
-from rlfleet.registry import (
-    ReplicaRegistry,
+from rlfleet.fleet import (
+    ReplicaDirectory,
     connect,
-    registry_key,
+    fleet_signing_key,
     verify_credentials,
 )
-from rlfleet.registry.connection import credentials_error
+from rlfleet.fleet.connection import credentials_error
 from rlfleet.rpc.client import RpcClient
 from rlfleet.v1 import rollout_pb2, rollout_pb2_grpc
 
@@ -192,8 +192,8 @@ class RolloutPool:
         self.registry = None
         if redis_url:
             client = connect(redis_url)
-            verify_credentials(client)  # a wrong password: RegistryAuthError, now, once
-            self.registry = ReplicaRegistry(client, registry_key(token))
+            verify_credentials(client)  # a wrong password: FleetAuthError, now, once
+            self.registry = ReplicaDirectory(client, fleet_signing_key(token))
         self.static = list(addresses)
         if self.registry is None and not self.static:
             raise ValueError("RolloutPool needs a redis_url or replica addresses")

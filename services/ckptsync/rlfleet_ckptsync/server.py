@@ -8,11 +8,11 @@ from pathlib import Path
 
 from pydantic import Field
 
-from rlfleet.registry import (
-    AdapterRegistry,
-    ReplicaRegistry,
+from rlfleet.fleet import (
+    AdapterDirectory,
+    ReplicaDirectory,
     connect,
-    registry_key,
+    fleet_signing_key,
     verify_credentials,
 )
 from rlfleet.rpc.server import GrpcServer
@@ -79,9 +79,9 @@ def make_server(settings: SyncSettings) -> tuple[GrpcServer, Reconciler]:
     config = settings.server_config()
     # With the fleet's token, only signed heartbeats and acknowledgements count (Redis
     # alone proves nothing; the key is derived from the token and never stored there).
-    key = registry_key(config.auth_token)
-    state = SyncState(RunsRoot(settings.runs_root), AdapterRegistry(client, key),
-                      ReplicaRegistry(client, key), keep_last=settings.keep_last,
+    key = fleet_signing_key(config.auth_token)
+    state = SyncState(RunsRoot(settings.runs_root), AdapterDirectory(client, key),
+                      ReplicaDirectory(client, key), keep_last=settings.keep_last,
                       gc_delay_s=settings.gc_delay_s)
     servicer = SyncServicer(state)
     server = GrpcServer(

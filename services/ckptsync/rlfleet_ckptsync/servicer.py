@@ -12,7 +12,7 @@ import grpc
 import redis
 
 from rlfleet import limits
-from rlfleet.registry import AdapterRecord, registry_unavailable_reason
+from rlfleet.fleet import AdapterRecord, fleet_unavailable_reason
 from rlfleet.rpc.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -50,7 +50,7 @@ def _registry_errors(method: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return method(self, request, context)
         except redis.RedisError as exc:
-            reason = registry_unavailable_reason(exc)
+            reason = fleet_unavailable_reason(exc)
             if reason is None:
                 raise
             log.warning("registry refused a call", extra={

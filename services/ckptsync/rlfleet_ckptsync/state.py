@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import redis
 from prometheus_client import Counter, Gauge, Histogram
 
-from rlfleet.registry import AdapterRecord, AdapterRegistry, ReplicaRegistry, registry_full
-from rlfleet.registry.adapters import parse_record
+from rlfleet.fleet import AdapterRecord, AdapterDirectory, ReplicaDirectory, fleet_store_full
+from rlfleet.fleet.adapters import parse_record
 from rlfleet.storage import (
     AdapterVerificationError,
     PathOutsideRunsRoot,
@@ -74,8 +74,8 @@ class NotNewer(Exception):
 @dataclass
 class SyncState:
     runs_root: RunsRoot
-    adapters: AdapterRegistry
-    replicas: ReplicaRegistry
+    adapters: AdapterDirectory
+    replicas: ReplicaDirectory
     keep_last: int = 3
     # Old versions are collected once every live replica of the run serves the version
     # just published (the last acknowledgement triggers it), or `gc_delay_s` after the
@@ -179,7 +179,7 @@ class SyncState:
                 if self.adapters.publish(record):
                     return record
             except redis.ResponseError as exc:
-                if registry_full(exc):
+                if fleet_store_full(exc):
                     raise
                 # latest holds something the script cannot read: not a record at all
             raw = self.adapters.latest_raw(run)

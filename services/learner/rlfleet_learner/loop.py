@@ -115,7 +115,7 @@ class Learner:
         self.metrics_path = self.root.metrics_path(cfg.run)
         # The fleet's token (an empty one refuses to start; without one, auth must be off
         # explicitly: RLFLEET_AUTH=none) and TLS options (RLFLEET_TLS_*, as the services);
-        # the pool checks the Redis password now (RegistryAuthError: one clear error).
+        # the pool checks the Redis password now (FleetAuthError: one clear error).
         token = fleet_token()
         tls = client_tls_from_env()
         self.pool = RolloutPool(redis_url=cfg.fleet.redis_url, run=cfg.run, token=token,

@@ -32,7 +32,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from rlfleet.registry import AdapterRecord
+from rlfleet.fleet import AdapterRecord
 from rlfleet.storage import (
     AdapterVerificationError,
     PathOutsideRunsRoot,

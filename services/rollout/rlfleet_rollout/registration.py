@@ -11,21 +11,21 @@ from concurrent.futures import ThreadPoolExecutor
 
 import redis
 
-from rlfleet.registry import (
+from rlfleet.fleet import (
     AdapterRecord,
-    AdapterRegistry,
+    AdapterDirectory,
     ReplicaInfo,
-    ReplicaRegistry,
-    registry_unavailable_reason,
+    ReplicaDirectory,
+    fleet_unavailable_reason,
 )
-from rlfleet.registry.adapters import PendingVersion
+from rlfleet.fleet.adapters import PendingVersion
 from rlfleet_rollout.adapters import AdapterManager, AdapterRefused, Prefetch
 
 log = logging.getLogger(__name__)
 
 
 def _reason(exc: redis.RedisError) -> str:
-    return registry_unavailable_reason(exc) or f"Redis error {type(exc).__name__}"
+    return fleet_unavailable_reason(exc) or f"Redis error {type(exc).__name__}"
 
 
 class Heartbeat:
@@ -37,7 +37,7 @@ class Heartbeat:
 
     REPEAT_LOG_S = 60.0
 
-    def __init__(self, registry: ReplicaRegistry, info: Callable[[], ReplicaInfo],
+    def __init__(self, registry: ReplicaDirectory, info: Callable[[], ReplicaInfo],
                  period_s: float, ttl_s: float) -> None:
         self.registry = registry
         self.info = info
@@ -78,7 +78,7 @@ class Heartbeat:
             now = time.monotonic()
             if self.failures == 1 or now - self._logged_at >= self.REPEAT_LOG_S:
                 self._logged_at = now
-                what = ("cannot register in the fleet registry; serving NOT_SERVING until it "
+                what = ("cannot register in the fleet store; serving NOT_SERVING until it "
                         "can" if starting else
                         "heartbeat failed; the registry entry expires after its TTL until a "
                         "heartbeat succeeds")
@@ -112,7 +112,7 @@ class AdapterWatcher:
 
     PREFETCH_TTL_S = 120.0  # a read-ahead never announced (refused) is dropped after this
 
-    def __init__(self, registry: AdapterRegistry, manager: AdapterManager,
+    def __init__(self, registry: AdapterDirectory, manager: AdapterManager,
                  poll_s: float = 2.0, events_poll_s: float = 0.5) -> None:
         self.registry = registry
         self.manager = manager

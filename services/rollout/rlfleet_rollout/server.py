@@ -15,12 +15,12 @@ from rlfleet.engines import ENGINES, Engine
 from rlfleet.policy.chat import ChatCodec
 from rlfleet.policy.loading import PolicyProcessor, load_processor
 from rlfleet.policy.profiles import resolve_model_dir, serving_profile
-from rlfleet.registry import (
-    AdapterRegistry,
+from rlfleet.fleet import (
+    AdapterDirectory,
     ReplicaInfo,
-    ReplicaRegistry,
+    ReplicaDirectory,
     connect,
-    registry_key,
+    fleet_signing_key,
     verify_credentials,
 )
 from rlfleet.rpc.client import RpcClient
@@ -121,7 +121,7 @@ def build_replica(settings: RolloutSettings) -> Replica:
         verify_credentials(redis)
     # heartbeats signed with the key derived from the token: the learner and ckpt-sync
     # count only replicas that prove they hold it
-    replica_registry = (ReplicaRegistry(redis, registry_key(token)) if redis is not None
+    replica_registry = (ReplicaDirectory(redis, fleet_signing_key(token)) if redis is not None
                         else None)
     holder: dict[str, Heartbeat] = {}
 
@@ -175,5 +175,5 @@ def build_replica(settings: RolloutSettings) -> Replica:
         heartbeat = Heartbeat(replica_registry, info, settings.heartbeat_s,
                               settings.heartbeat_ttl_s)
         holder["hb"] = heartbeat
-        watcher = AdapterWatcher(AdapterRegistry(redis), adapters)
+        watcher = AdapterWatcher(AdapterDirectory(redis), adapters)
     return Replica(settings, server, player, batcher, adapters, heartbeat, watcher)

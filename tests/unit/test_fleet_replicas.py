@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import time
 
-from rlfleet.registry import ReplicaInfo, ReplicaRegistry, connect, keys
+from rlfleet.fleet import ReplicaInfo, ReplicaDirectory, connect, keys
 
 
 def test_heartbeat_round_trips_capacity(redis_url: str) -> None:
-    registry = ReplicaRegistry(connect(redis_url))
+    registry = ReplicaDirectory(connect(redis_url))
     registry.heartbeat(ReplicaInfo("r1", "127.0.0.1:1", run="x", active_groups=1,
                                    active_episodes=4, max_groups=3, max_episodes=12), ttl_s=30)
     registry.heartbeat(ReplicaInfo("r2", "127.0.0.1:2", run="x"), ttl_s=30)  # not advertised
@@ -27,17 +27,17 @@ def test_unknown_fields_are_ignored_and_corrupt_values_skipped(redis_url: str) -
     client.set(keys.replica("bad"), "not json", px=30_000)
     client.set(keys.replica("list"), "[1, 2]", px=30_000)
     client.set(keys.replica("partial"), json.dumps({"address": "127.0.0.1:4"}), px=30_000)
-    (info,) = ReplicaRegistry(client).live()
+    (info,) = ReplicaDirectory(client).live()
     assert (info.replica_id, info.max_groups, info.max_episodes) == ("new", 2, 5)
 
 
 def test_signed_heartbeats_only_verified_ones_are_live(redis_url: str) -> None:
-    from rlfleet.registry import registry_key
-    from rlfleet.registry.identity import sign_document
+    from rlfleet.fleet import fleet_signing_key
+    from rlfleet.fleet.identity import sign_document
 
     client = connect(redis_url)
-    key = registry_key("fleet-token")
-    ReplicaRegistry(client, key).heartbeat(ReplicaInfo("r1", "127.0.0.1:1", run="x"), 30)
+    key = fleet_signing_key("fleet-token")
+    ReplicaDirectory(client, key).heartbeat(ReplicaInfo("r1", "127.0.0.1:1", run="x"), 30)
     real = json.loads(client.get(keys.replica("r1")))
     assert real["mac"] and real["ttl_s"] == 30.0
     forged = {
@@ -46,9 +46,9 @@ def test_signed_heartbeats_only_verified_ones_are_live(redis_url: str) -> None:
         "unsigned": {**real, "mac": ""},
         "stale": sign_document(key, {**real, "replica_id": "old"}, 30, now=time.time() - 60),
         "future": sign_document(key, {**real, "replica_id": "new"}, 30, now=time.time() + 60),
-        "other-token": sign_document(registry_key("guess"), {**real, "replica_id": "g"}, 30),
+        "other-token": sign_document(fleet_signing_key("guess"), {**real, "replica_id": "g"}, 30),
     }
     for name, doc in forged.items():
         client.set(keys.replica(name), json.dumps(doc), px=30_000)
-    assert [r.replica_id for r in ReplicaRegistry(client, key).live()] == ["r1"]
-    assert len(ReplicaRegistry(client).live()) == 1 + len(forged)  # without a key: all
+    assert [r.replica_id for r in ReplicaDirectory(client, key).live()] == ["r1"]
+    assert len(ReplicaDirectory(client).live()) == 1 + len(forged)  # without a key: all

@@ -5,8 +5,8 @@ A heartbeat carries the replica's load and its capacity (`max_groups`, `max_epis
 what it admits at once, 0 = not advertised by an older replica). Readers ignore fields
 they do not know, so replicas and learners of different versions share one registry.
 
-Identity: with the fleet's registry key (derived from the shared token, see
-`rlfleet.registry.identity`) heartbeats are signed, and readers list only those that
+Identity: with the fleet's signing key (derived from the shared token, see
+`rlfleet.fleet.identity`) heartbeats are signed, and readers list only those that
 verify: a key written into Redis by anyone else (an attacker's address, a copied
 heartbeat edited to another address or version, an old one replayed) is not a replica.
 
@@ -25,12 +25,12 @@ from dataclasses import asdict, dataclass, field, fields
 import redis
 from prometheus_client import Counter
 
-from rlfleet.registry import keys
-from rlfleet.registry.identity import sign_document, verify_document
+from rlfleet.fleet import keys
+from rlfleet.fleet.identity import sign_document, verify_document
 
 log = logging.getLogger(__name__)
 
-UNVERIFIED = Counter("rlfleet_registry_unverified_heartbeats_total",
+UNVERIFIED = Counter("rlfleet_fleet_unverified_heartbeats_total",
                      "replica heartbeats ignored because their signature does not verify",
                      ["reason"])
 
@@ -70,8 +70,8 @@ class ReplicaInfo:
 _FIELDS = frozenset(f.name for f in fields(ReplicaInfo))
 
 
-class ReplicaRegistry:
-    """`key`: the fleet's registry key (None: auth is off, nothing is signed or checked)."""
+class ReplicaDirectory:
+    """`key`: the fleet's signing key (None: auth is off, nothing is signed or checked)."""
 
     def __init__(self, client: redis.Redis, key: bytes | None = None) -> None:
         self.redis = client

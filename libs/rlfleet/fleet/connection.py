@@ -10,7 +10,7 @@ from redis.retry import Retry
 from rlfleet.config import ConfigError, read_secret
 
 
-class RegistryAuthError(ConfigError):
+class FleetAuthError(ConfigError):
     """Redis refused the credentials: a configuration error, never an outage."""
 
 
@@ -44,15 +44,15 @@ def connect(url: str, *, password: str | None = None) -> redis.Redis:
     )
 
 
-def credentials_error(exc: BaseException) -> RegistryAuthError:
+def credentials_error(exc: BaseException) -> FleetAuthError:
     """The one message for a refused Redis password (never the password itself)."""
-    return RegistryAuthError(
+    return FleetAuthError(
         f"Redis refused the credentials ({exc}); check REDIS_PASSWORD / "
         "REDIS_PASSWORD_FILE (or the password in the Redis URL)")
 
 
 def verify_credentials(client: redis.Redis) -> None:
-    """Raises RegistryAuthError (a ConfigError) when Redis refuses the credentials (a wrong
+    """Raises FleetAuthError (a ConfigError) when Redis refuses the credentials (a wrong
     or missing password is a configuration error, not an outage). A Redis that is down
     passes at once (one attempt, no retries): services wait for it and reconnect."""
     pool = client.connection_pool
@@ -70,25 +70,25 @@ def verify_credentials(client: redis.Redis) -> None:
         probe.connection_pool.disconnect()
 
 
-def registry_full(exc: BaseException) -> bool:
+def fleet_store_full(exc: BaseException) -> bool:
     """Redis refused a write because it is out of memory (maxmemory reached with the
     noeviction policy): "OOM command not allowed when used memory > 'maxmemory'"."""
     return isinstance(exc, redis.OutOfMemoryError) or (
         isinstance(exc, redis.ResponseError) and "OOM command not allowed" in str(exc))
 
 
-def registry_unavailable_reason(exc: BaseException) -> str | None:
+def fleet_unavailable_reason(exc: BaseException) -> str | None:
     """Why a Redis error means "the registry cannot answer now, retry" (None: it does
     not): unreachable, full, read-only (a replica after failover), loading its data."""
     if isinstance(exc, redis.AuthenticationError):
         return "Redis refused the service's credentials (check REDIS_PASSWORD)"
     if isinstance(exc, redis.BusyLoadingError):
-        return "the fleet registry (Redis) is loading its dataset"
+        return "the fleet store (Redis) is loading its dataset"
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
-        return f"the fleet registry (Redis) is unreachable ({type(exc).__name__})"
-    if registry_full(exc):
-        return ("the fleet registry (Redis) is full: used memory is over maxmemory and the "
+        return f"the fleet store (Redis) is unreachable ({type(exc).__name__})"
+    if fleet_store_full(exc):
+        return ("the fleet store (Redis) is full: used memory is over maxmemory and the "
                 "policy is noeviction, so Redis refuses writes (OOM); nothing was recorded")
     if isinstance(exc, redis.ReadOnlyError):
-        return "the fleet registry (Redis) is read-only (a replica, e.g. after a failover)"
+        return "the fleet store (Redis) is read-only (a replica, e.g. after a failover)"
     return None

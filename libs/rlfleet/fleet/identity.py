@@ -1,4 +1,4 @@
-"""Proof of identity for what the registry holds: Redis is a hint, identity is proven.
+"""Proof of identity for what the fleet store holds: Redis is a hint, identity is proven.
 
 Anyone who can write to Redis can write a replica heartbeat or an acknowledgement. So
 every writer that holds the fleet's shared token signs what it writes with a key derived
@@ -24,10 +24,11 @@ CLOCK_SKEW_S = 5.0  # how far writers' and readers' clocks may disagree
 MAX_TTL_S = 600.0  # a signed heartbeat is never honoured longer than this
 
 
-def registry_key(token: str | None) -> bytes | None:
-    """The registry signing key derived from the fleet token (None: auth is off)."""
+def fleet_signing_key(token: str | None) -> bytes | None:
+    """The fleet store's signing key derived from the fleet token (None: auth is off)."""
     if not token:
         return None
+    # the label predates the package's name; kept so every version derives the same key
     return hmac.new(token.encode(), b"rlfleet/registry/v1", hashlib.sha256).digest()
 
 

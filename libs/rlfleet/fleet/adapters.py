@@ -3,7 +3,7 @@
 Redis is a hint, /shared is the truth: `latest` never goes backwards through `publish`,
 but ckpt-sync, which verifies every version on /shared, may `replace` a latest that
 /shared does not back (a forged or corrupted key) with one it does. Acknowledgements are
-signed with the fleet's registry key when there is one (see `identity`), and `acks` then
+signed with the fleet's signing key when there is one (see `identity`), and `acks` then
 returns only those that verify."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 
 import redis
 
-from rlfleet.registry import keys
-from rlfleet.registry.identity import sign_ack, verify_ack
+from rlfleet.fleet import keys
+from rlfleet.fleet.identity import sign_ack, verify_ack
 
 # One round trip per publish: sets latest only if the new version is higher (versions
 # never go backwards, even when two publishers race or an old publisher replays), records
@@ -96,8 +96,8 @@ class PendingVersion:
     record: AdapterRecord
 
 
-class AdapterRegistry:
-    """`key`: the fleet's registry key, to sign and check acknowledgements (None: auth is
+class AdapterDirectory:
+    """`key`: the fleet's signing key, to sign and check acknowledgements (None: auth is
     off, acknowledgements are taken as written)."""
 
     def __init__(self, client: redis.Redis, key: bytes | None = None) -> None:
