@@ -204,7 +204,7 @@ def bench_train(peft: Any, processor: Any, rows: list, device: torch.device, rep
     from rlfleet_learner.checkpointing import enable_activation_checkpointing
     from rlfleet_learner.update import backward_micro_batch
 
-    grpo = GRPOConfig.from_mapping(GRPO)
+    grpo = GRPOConfig.model_validate(GRPO)
     pad = int(processor.tokenizer.pad_token_id or 0)
     (mb,) = make_micro_batches(rows, MICRO_BATCH, pad_token_id=pad)
     mb = mb.to(device)

@@ -136,6 +136,42 @@ def positive_float(text: str) -> float:
     return value
 
 
+def setting_assignment(text: str) -> tuple[str, str]:
+    """An argparse type: KEY=VALUE, KEY a field of the settings, a nested one dotted
+    (`grpo.kl_coef=0.01`); VALUE is read as YAML when the settings load."""
+    key, sep, value = text.partition("=")
+    if not sep or not key or not all(part.isidentifier() for part in key.split(".")):
+        raise argparse.ArgumentTypeError(
+            f"not KEY=VALUE (KEY a field, nested ones dotted: grpo.kl_coef=0.01): {text!r}")
+    return key, value
+
+
+def add_set_flag(parser: argparse.ArgumentParser) -> None:
+    """`--set KEY=VALUE`, repeatable: any field of the settings model, the ones without a
+    flag of their own included (`load_config`'s overrides, above file and environment)."""
+    parser.add_argument("--set", dest="set_values", action="append", default=[],
+                        type=setting_assignment, metavar="KEY=VALUE",
+                        help="set any field of the settings, nested ones dotted "
+                             "(grpo.kl_coef=0.01; VALUE is YAML: 0.5, true, [0.9, 0.95]); "
+                             "repeatable; above --config and RLFLEET_<KEY> (default: none)")
+
+
+def assignments(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """The nested overrides that `--set` pairs name; VALUE parsed as YAML ("" stays "")."""
+    import yaml
+
+    from rlfleet.config import merged, nested
+
+    out: dict[str, Any] = {}
+    for key, text in pairs:
+        try:
+            value = yaml.safe_load(text) if text != "" else ""
+        except yaml.YAMLError:
+            value = text  # a plain string that YAML cannot read stays as written
+        out = merged(out, nested(key, value))
+    return out
+
+
 def one_line(message: object) -> str:
     """A multi-line error (a heading, then "  - item" lines) as one line for a command's
     exit message: "heading item; item"."""
@@ -190,6 +226,7 @@ def add_common_args(parser: argparse.ArgumentParser, settings: SettingsRef | typ
     parser.add_argument("--config", metavar="FILE", default=None,
                         help="YAML settings file (env RLFLEET_<KEY> overrides it, flags "
                              "override both; default: none)")
+    add_set_flag(parser)
     add_setting(parser, "--host", settings,
                 help="address to bind (0.0.0.0 in pods)")
     add_setting(parser, "--port", settings, type=int, help="gRPC port (0: any free port)")

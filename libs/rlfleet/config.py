@@ -1,18 +1,28 @@
 """Configuration from a YAML file plus environment variables, into a typed pydantic model.
 
-Precedence, lowest to highest: model defaults < file < environment (`RLFLEET_<FIELD>`)
-< explicit overrides (command-line flags). Secrets are read from the environment or from
-a file named by `<NAME>_FILE` (how Kubernetes mounts Secrets), never from config files.
+The one config system of every service and the learner. Precedence, lowest to highest:
+model defaults < file < environment < explicit overrides (command-line flags).
+
+The environment names each field `RLFLEET_<FIELD>`, a nested one with `__` between the
+levels (`RLFLEET_GRPO__KL_COEF`, `RLFLEET_FLEET__REDIS_URL`), as pydantic-settings reads
+them; a list or mapping field takes JSON (`RLFLEET_OPTIM__BETAS='[0.9, 0.95]'`). A model
+may also accept a few shorter names a deployment sets for every pod (`aliases`).
+
+Secrets are read from the environment or from a file named by `<NAME>_FILE` (how
+Kubernetes mounts Secrets), never from config files.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_settings import EnvSettingsSource
+from pydantic_settings.exceptions import SettingsError
 
 T = TypeVar("T", bound=BaseModel)
 ENV_PREFIX = "RLFLEET_"
@@ -41,29 +51,88 @@ def load_config(
     model: type[T],
     path: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+    aliases: Mapping[str, str] | None = None,
+    what: str | None = None,
 ) -> T:
+    """`model` from defaults, the YAML file at `path`, the environment (`env`, default
+    os.environ) and `overrides` (None values are not given), in that order.
+
+    `aliases`: other environment names for dotted fields ({"RLFLEET_REDIS_URL":
+    "fleet.redis_url"}), read below the canonical `RLFLEET_FLEET__REDIS_URL` and ignored
+    when empty. `what` names the configuration in errors (default: the model's name)."""
     env = dict(os.environ if env is None else env)
-    data: dict[str, Any] = {}
-    if path:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-        if not isinstance(loaded, dict):
-            kind = type(loaded).__name__
-            raise ConfigError(f"config file {path} must hold a mapping, got {kind}")
-        data.update(loaded)
-    for name in model.model_fields:
-        key = ENV_PREFIX + name.upper()
-        if key in env:
-            data[name] = env[key]
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    data = read_config_file(path) if path else {}
+    for name, dotted in (aliases or {}).items():
+        value = env.pop(name, "")
+        if value:
+            data = merged(data, nested(dotted, value))
+    data = merged(data, env_values(model, env))
+    data = merged(data, {k: v for k, v in (overrides or {}).items() if v is not None})
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"invalid {model.__name__} configuration: "
+        raise ConfigError(f"invalid {what or model.__name__ + ' configuration'}: "
                           f"{validation_summary(exc)}") from exc
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The mapping a YAML config file holds; ConfigError for anything else."""
+    try:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path} must hold a mapping, "
+                          f"got {type(loaded).__name__}")
+    return loaded
+
+
+class _GivenEnv(EnvSettingsSource):
+    """pydantic-settings' reading of the environment, over a given mapping (a test's, a
+    Ray job's) instead of the process's. It reads the model's fields only, so it works
+    for plain models too: no model here reads the environment on construction."""
+
+    def __init__(self, model: type[BaseModel], env: Mapping[str, str]) -> None:
+        self._given = env
+        super().__init__(model, case_sensitive=False, env_prefix=ENV_PREFIX,  # type: ignore[arg-type]
+                         env_nested_delimiter="__")
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return {key.lower(): value for key, value in self._given.items()}
+
+
+def env_values(model: type[BaseModel], env: Mapping[str, str]) -> dict[str, Any]:
+    """The fields of `model` that `env` sets, nested as the model is (values unparsed,
+    except JSON for list and mapping fields)."""
+    try:
+        return _GivenEnv(model, env)()
+    except SettingsError as exc:
+        raise ConfigError(
+            f"invalid {model.__name__} environment: {exc}: a list, mapping or section "
+            f"field takes JSON ({ENV_PREFIX}<FIELD>='...'), a section's own fields "
+            f"{ENV_PREFIX}<SECTION>__<FIELD>") from exc
+
+
+def nested(dotted: str, value: object) -> dict[str, Any]:
+    """{"a": {"b": value}} for "a.b"."""
+    keys = dotted.split(".")
+    tree: dict[str, Any] = {keys[-1]: value}
+    for key in reversed(keys[:-1]):
+        tree = {key: tree}
+    return tree
+
+
+def merged(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` updated by `top`, mapping by mapping (a nested section is merged, not
+    replaced)."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def read_secret(name: str, env: dict[str, str] | None = None) -> str | None:
@@ -78,6 +147,20 @@ def read_secret(name: str, env: dict[str, str] | None = None) -> str | None:
         except OSError as exc:
             raise ConfigError(f"cannot read secret file for {name}: {exc.strerror}") from exc
     return None
+
+
+def read_token_file(path: str | Path, what: str, remedy: str = "") -> str:
+    """The token in the file at `path`, without surrounding whitespace; ConfigError that
+    names `what` ("RLFLEET_AUTH_TOKEN_FILE", "Ray token file") when the file cannot be read
+    or holds only whitespace (an empty token would turn auth off silently). `remedy` is
+    appended to the empty-file error."""
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
+    if not token:
+        raise ConfigError(f"the {what} {path} is empty{remedy}")
+    return token
 
 
 # -- the fleet's shared token ------------------------------------------------------------
@@ -109,16 +192,10 @@ def fleet_token(auth: str | None = None, env: dict[str, str] | None = None) -> s
                 "explicitly with --insecure-no-auth (RLFLEET_AUTH=none) and unset it")
         return token
     if file:
-        try:
-            token = Path(file).read_text().strip()
-        except OSError as exc:
-            raise ConfigError(f"cannot read {TOKEN_NAME}_FILE: {exc.strerror}") from exc
-        if not token:
-            raise ConfigError(
-                f"the token file named by {TOKEN_NAME}_FILE ({file}) is empty; write the "
-                "fleet's token into it, or turn auth off explicitly with --insecure-no-auth "
-                "(RLFLEET_AUTH=none)")
-        return token
+        return read_token_file(
+            file, f"token file named by {TOKEN_NAME}_FILE",
+            "; write the fleet's token into it, or turn auth off explicitly with "
+            "--insecure-no-auth (RLFLEET_AUTH=none)")
     if mode == "none":
         return None
     raise ConfigError(

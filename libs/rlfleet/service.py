@@ -15,7 +15,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlfleet.cliargs import add_common_args
+from rlfleet.cliargs import add_common_args, assignments
 from rlfleet.config import ConfigError, fleet_token, load_config
 from rlfleet.logs import setup_logging
 from rlfleet.rpc.server import GrpcServer, ServerConfig, TlsConfig, unbindable
@@ -75,7 +75,7 @@ class ServiceSettings(BaseModel):
         )
 
     def client_tls(self) -> dict[str, Path] | None:
-        """TLS options for this service's outgoing clients (RpcClient(tls=...)): the same
+        """TLS options for this service's outgoing clients (`rlfleet.clients`, tls=...): the same
         files as its server. None when the service runs without TLS."""
         ca = self.tls_ca or self.tls_client_ca
         if ca is None:
@@ -88,11 +88,14 @@ class ServiceSettings(BaseModel):
 
 def load_settings(model: type[S], args: argparse.Namespace, **extra: object) -> S:
     """Settings from --config, RLFLEET_* env and the flags that were given."""
-    flags = {
+    flags = assignments(getattr(args, "set_values", []))  # --set, below the named flags
+    flags.update({
         k: v
         for k, v in vars(args).items()
-        if not k.startswith("_") and k not in {"config", "func", "command", "subcommand"}
-    }
+        if not k.startswith("_")
+        and k not in {"config", "func", "command", "subcommand", "set_values"}
+        and v is not None
+    })
     flags.update(extra)
     return load_config(model, args.config, overrides=flags)
 
@@ -129,10 +132,10 @@ def serve_forever(
     but not ready), then turns SERVING."""
     server.install_signal_handlers(on_stop)
     server.start(serving=until_ready is None)
-    print(f"{banner} listening on {server.address}", flush=True)
+    log.info(f"{banner} listening", extra={"address": server.address})
     if until_ready is not None:
         until_ready()
         server.set_serving(True)
-        print(f"{banner} ready", flush=True)
+        log.info(f"{banner} ready", extra={"address": server.address})
     server.wait()
     return 0

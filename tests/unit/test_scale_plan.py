@@ -56,7 +56,7 @@ def test_the_run_is_the_planned_shape(plan: dict, config: LearnerConfig) -> None
     assert (d.group_size, d.groups_per_step, d.max_turns, d.size, d.cell_px, d.context) == (
         plan["group_size"], plan["groups_per_step"], plan["max_turns"], plan["maze_size"],
         plan["cell_px"], plan["context"])
-    assert config.grpo_config().micro_batch_size == plan["micro_batch_size"]
+    assert config.grpo.micro_batch_size == plan["micro_batch_size"]
 
 
 def test_the_arithmetic_matches_the_architecture(plan: dict, config: LearnerConfig) -> None:

@@ -217,13 +217,28 @@ def test_verify_manifest_edit_changes_identity(published: Path) -> None:
         verify_adapter_dir(published, expected_sha256=before)
 
 
-@pytest.mark.parametrize("change", [
-    {"format_version": 99}, {"files": []}, {"version": "1"}, {"step": -1},
-    {"files": {"../../etc/passwd": {"sha256": "0" * 64, "size": 1}}},
+@pytest.mark.parametrize(("change", "message"), [
+    ({"format_version": 99}, "format_version 99 is not supported"),
+    ({"files": []}, "files: Input should be a valid dictionary"),
+    ({"version": "1"}, "version: Input should be a valid integer"),  # strict: no coercion
+    ({"version": True}, "version: Input should be a valid integer"),
+    ({"step": -1}, "step: Input should be greater than or equal to 0"),
+    ({"created_unix": "now"}, "created_unix: Input should be a valid number"),
+    ({"extra": 1}, "extra: Extra inputs are not permitted"),
+    ({"manifest_sha256": "0" * 64}, "names its own sha256"),
+    ({"files": {"../../etc/passwd": {"sha256": "0" * 64, "size": 1}}}, "files:"),
+    ({"files": {"adapter_model.safetensors": {"sha256": "0" * 64, "size": 1}}},
+     "does not list"),
+    ({"files": {"adapter_model.safetensors": {"sha256": "A" * 64, "size": 1},
+                "adapter_config.json": {"sha256": "0" * 64, "size": 1}}}, "sha256"),
+    ({"files": {"adapter_model.safetensors": {"sha256": "0" * 64, "size": True},
+                "adapter_config.json": {"sha256": "0" * 64, "size": 1}}}, "size"),
 ])
-def test_verify_manifest_schema(published: Path, change: dict[str, object]) -> None:
+def test_verify_manifest_schema(published: Path, change: dict[str, object],
+                                message: str) -> None:
+    # a strict model: each kind of garbage is refused, naming the field
     _edit_manifest(published, **change)
-    with pytest.raises(AdapterVerificationError):
+    with pytest.raises(AdapterVerificationError, match=message):
         verify_adapter_dir(published)
 
 

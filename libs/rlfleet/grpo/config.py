@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
 LossReduction = Literal["token_mean", "sequence_mean"]
 LOSS_REDUCTIONS: tuple[str, ...] = ("token_mean", "sequence_mean")
+_REALS = ("clip_low", "clip_high", "dual_clip", "kl_coef", "eps", "temperature")
 
 
-@dataclasses.dataclass(frozen=True)
-class GRPOConfig:
+class GRPOConfig(BaseModel):
     """GRPO settings. Defaults follow SkyRL's GRPO defaults except ``kl_coef`` (SkyRL: 0.001).
+
+    A frozen pydantic model: the learner config's ``grpo`` section, so a file, the
+    environment (``RLFLEET_GRPO__KL_COEF``) and flags all reach it the same way.
 
     - ``advantage_estimator`` / ``policy_loss`` / ``kl_estimator``: names in the registries of
       ``rlfleet.grpo.advantages`` / ``rlfleet.grpo.losses``.
@@ -34,6 +38,8 @@ class GRPOConfig:
       the learner's logprobs so that the importance ratio compares like with like.
     """
 
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     advantage_estimator: str = "grpo"
     policy_loss: str = "ppo_clip"
     clip_low: float = 0.2
@@ -48,9 +54,27 @@ class GRPOConfig:
     micro_batch_size: int = 8
     temperature: float = 1.0
 
-    def __post_init__(self) -> None:
+    @field_validator(*_REALS, mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: object, info: Any) -> object:
+        # bool is an int subclass; True as a clip bound is a config mistake, not 1.0
+        if isinstance(value, bool):
+            raise ValueError(f"GRPOConfig.{info.field_name} must be a finite number, "
+                             f"got {value!r}")
+        return value
+
+    @field_validator("std_normalize", mode="before")
+    @classmethod
+    def _a_real_bool(cls, value: object) -> object:
+        # 1 is not a switch; "true"/"false" from the environment are
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            raise ValueError(f"GRPOConfig.std_normalize must be a bool, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> GRPOConfig:
         # Names are checked at construction: a typo fails before any rollout is spent.
-        check_registered_names(dataclasses.asdict(self))
+        check_registered_names(self.model_dump())
         _check_real("clip_low", self.clip_low, low=0.0, high=1.0, high_open=True)
         _check_real("clip_high", self.clip_high, low=0.0)
         if self.dual_clip is not None:
@@ -58,27 +82,9 @@ class GRPOConfig:
         _check_real("kl_coef", self.kl_coef, low=0.0)
         _check_real("eps", self.eps, low=0.0, low_open=True)
         _check_real("temperature", self.temperature, low=0.0, low_open=True)
-        if self.loss_reduction not in LOSS_REDUCTIONS:
-            raise ValueError(
-                f"GRPOConfig.loss_reduction={self.loss_reduction!r}; "
-                f"expected one of {LOSS_REDUCTIONS}"
-            )
-        if not isinstance(self.std_normalize, bool):
-            raise ValueError(f"GRPOConfig.std_normalize must be a bool, got {self.std_normalize!r}")
         _check_int("max_staleness", self.max_staleness, low=0)
         _check_int("micro_batch_size", self.micro_batch_size, low=1)
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> GRPOConfig:
-        """Build from a parsed YAML/JSON section; unknown keys are an error, not ignored."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown GRPOConfig keys {unknown}; known: {sorted(known)}")
-        return cls(**dict(values))
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return self
 
 
 def check_registered_names(values: Mapping[str, Any], where: str = "") -> None:
@@ -92,7 +98,7 @@ def check_registered_names(values: Mapping[str, Any], where: str = "") -> None:
     from rlfleet.grpo.losses import KL_ESTIMATORS, POLICY_LOSSES
     from rlfleet.registries import RegistryError
 
-    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    defaults = {name: f.default for name, f in GRPOConfig.model_fields.items()}
     for field, registry in (
         ("advantage_estimator", ADVANTAGE_ESTIMATORS),
         ("policy_loss", POLICY_LOSSES),
@@ -115,7 +121,6 @@ def _check_real(
     low_open: bool = False,
     high_open: bool = False,
 ) -> None:
-    # bool is an int subclass; True as a clip bound is a config mistake, not 1.0.
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"GRPOConfig.{name} must be a finite number, got {value!r}")
     if low is not None and (value <= low if low_open else value < low):

@@ -46,6 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlfleet import defaults
 from rlfleet.registries import REWARDS_GROUP, PluginError, Registry
 from rlfleet.tasks import StepResult, TaskEpisode
 
@@ -261,7 +262,8 @@ def serve(reward: RewardFunction, *, port: int = 50061, host: str = "127.0.0.1",
 
 
 def main(reward: RewardFunction, argv: Sequence[str] | None = None, *,
-         prog: str | None = None, port: int = 50061, metrics_port: int = 9111) -> int:
+         prog: str | None = None, port: int = defaults.REWARD_PORT,
+         metrics_port: int = defaults.REWARD_METRICS_PORT) -> int:
     """`serve` with rlfleet's standard service flags (``--port``, ``--metrics-port``,
     ``--host``, ``--config FILE``, ``--log-level``, ``--grace-s``) and ``RLFLEET_<KEY>``
     environment overrides; for a reward service's ``__main__``."""

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 from pydantic import Field, create_model
 
-from rlfleet import limits
+from rlfleet import defaults, limits
 from rlfleet.cliargs import Parser, add_setting
 from rlfleet.reward import Episode, RewardFunction
 from rlfleet.rpc.errors import InvalidArgument, NotFound, RpcError
@@ -87,8 +87,8 @@ def registration(servicer: RewardServicer):  # noqa: ANN201
 class RewardSettings(ServiceSettings):
     """Settings of a stand-alone reward service (`rlfleet.reward.serve` / `main`)."""
 
-    port: int = Field(50061, ge=0, le=65535)
-    metrics_port: int | None = Field(9111, ge=0, le=65535)
+    port: int = Field(defaults.REWARD_PORT, ge=0, le=65535)
+    metrics_port: int | None = Field(defaults.REWARD_METRICS_PORT, ge=0, le=65535)
     # short calls: replicas follow a swap behind a Kubernetes Service (ServiceSettings)
     max_connection_age_s: float | None = Field(30.0, gt=0)
 
@@ -105,7 +105,8 @@ def run(server: GrpcServer, reward: RewardFunction, settings: Any = None) -> int
 
 
 def main(reward: RewardFunction, argv: Sequence[str] | None = None, *, prog: str | None = None,
-         port: int = 50061, metrics_port: int = 9111) -> int:
+         port: int = defaults.REWARD_PORT,
+         metrics_port: int = defaults.REWARD_METRICS_PORT) -> int:
     model = create_model(
         "RewardSettings", __base__=RewardSettings,
         port=(int, Field(port, ge=0, le=65535)),

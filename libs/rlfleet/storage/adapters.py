@@ -18,7 +18,6 @@ rollout replica loads exactly what it checked without a private copy or a second
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import hashlib
 import json
@@ -29,10 +28,20 @@ import struct
 import time
 from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+)
+
+from rlfleet.config import validation_summary
 from rlfleet.storage.atomic import (
     StorageError,
     atomic_dir,
@@ -70,35 +79,58 @@ class VersionProtected(ValueError):
     """Refused to remove a version that is the latest or in the caller's keep set."""
 
 
-@dataclass(frozen=True)
-class FileEntry:
-    sha256: str
-    size: int
+class _Strict(BaseModel):
+    # strict: no coercion ("3" is not a version, true is not a size); unknown keys refused
+    model_config = ConfigDict(strict=True, frozen=True, extra="forbid")
 
 
-@dataclass(frozen=True)
-class AdapterManifest:
+class FileEntry(_Strict):
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    size: Annotated[int, Field(ge=0)]
+
+
+class AdapterManifest(_Strict):
+    """MANIFEST.json of an adapter version: what a reader checks every file against. Its
+    sha256 (of the bytes as written) is the version's identity."""
+
+    format_version: Literal[1] = MANIFEST_FORMAT_VERSION
     run: str
-    version: int
-    step: int
+    version: Annotated[int, Field(ge=0)]
+    step: Annotated[int, Field(ge=0)]
     base_model: str
     created_unix: float
     files: Mapping[str, FileEntry]
-    format_version: int = MANIFEST_FORMAT_VERSION
-    # sha256 of the manifest bytes as read/written; set by publish/verify/read.
-    manifest_sha256: str = field(default="", compare=False)
+    # sha256 of the manifest bytes as read/written; set by publish/verify/read; not part
+    # of the document, nor of equality
+    manifest_sha256: str = Field("", exclude=True)
+
+    @field_validator("run")
+    @classmethod
+    def _run_name(cls, run: str) -> str:
+        return validate_run_name(run)
+
+    @field_validator("files")
+    @classmethod
+    def _file_names(cls, files: Mapping[str, FileEntry]) -> Mapping[str, FileEntry]:
+        for name in files:
+            validate_file_name(name)  # e.g. "../x": never hash a file outside the dir
+            if name == MANIFEST_FILE:
+                raise ValueError(f"{MANIFEST_FILE} lists itself")
+        missing = [n for n in ADAPTER_FILES if n not in files]
+        if missing:
+            raise ValueError(f"does not list {missing}")
+        return files
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, AdapterManifest):
+            return NotImplemented
+        return self.model_dump() == other.model_dump()
+
+    __hash__ = None  # type: ignore[assignment]  # a mapping inside: not hashable
 
     def to_json_bytes(self) -> bytes:
-        doc = {
-            "format_version": self.format_version,
-            "run": self.run,
-            "version": self.version,
-            "step": self.step,
-            "base_model": self.base_model,
-            "created_unix": self.created_unix,
-            "files": {n: {"sha256": e.sha256, "size": e.size}
-                      for n, e in sorted(self.files.items())},
-        }
+        doc = self.model_dump(mode="json")
+        doc["files"] = dict(sorted(doc["files"].items()))
         return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
     @classmethod
@@ -110,57 +142,18 @@ class AdapterManifest:
             raise AdapterVerificationError(f"{MANIFEST_FILE} is not valid JSON: {exc}") from exc
         if not isinstance(doc, dict):
             raise AdapterVerificationError(f"{MANIFEST_FILE} is not a JSON object")
-        fmt = _field(doc, "format_version", int)
-        if fmt != MANIFEST_FORMAT_VERSION:
+        if doc.get("format_version") != MANIFEST_FORMAT_VERSION:
             raise AdapterVerificationError(
-                f"{MANIFEST_FILE} format_version {fmt} is not supported "
-                f"(expected {MANIFEST_FORMAT_VERSION})")
-        run = _field(doc, "run", str)
+                f"{MANIFEST_FILE} format_version {doc.get('format_version')!r} is not "
+                f"supported (expected {MANIFEST_FORMAT_VERSION})")
+        if "manifest_sha256" in doc:
+            raise AdapterVerificationError(f"{MANIFEST_FILE}: names its own sha256")
         try:
-            validate_run_name(run)
-        except ValueError as exc:
-            raise AdapterVerificationError(f"{MANIFEST_FILE}: {exc}") from exc
-        version = _field(doc, "version", int)
-        step = _field(doc, "step", int)
-        if version < 0 or step < 0:
-            raise AdapterVerificationError(f"{MANIFEST_FILE}: negative version or step")
-        base_model = _field(doc, "base_model", str)
-        created = doc.get("created_unix")
-        if isinstance(created, bool) or not isinstance(created, (int, float)):
-            raise AdapterVerificationError(f"{MANIFEST_FILE}: created_unix must be a number")
-        raw_files = _field(doc, "files", dict)
-        files: dict[str, FileEntry] = {}
-        for name, entry in raw_files.items():
-            try:
-                validate_file_name(name)
-            except ValueError as exc:  # e.g. "../x": never hash a file outside the dir
-                raise AdapterVerificationError(f"{MANIFEST_FILE}: {exc}") from exc
-            if name == MANIFEST_FILE:
-                raise AdapterVerificationError(f"{MANIFEST_FILE} lists itself")
-            if not isinstance(entry, dict):
-                raise AdapterVerificationError(f"{MANIFEST_FILE}: entry {name!r} not an object")
-            sha = entry.get("sha256")
-            size = entry.get("size")
-            if (not isinstance(sha, str) or len(sha) != 64
-                    or any(c not in "0123456789abcdef" for c in sha)):
-                raise AdapterVerificationError(f"{MANIFEST_FILE}: bad sha256 for {name!r}")
-            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-                raise AdapterVerificationError(f"{MANIFEST_FILE}: bad size for {name!r}")
-            files[name] = FileEntry(sha256=sha, size=size)
-        missing = [n for n in ADAPTER_FILES if n not in files]
-        if missing:
-            raise AdapterVerificationError(f"{MANIFEST_FILE} does not list {missing}")
-        return cls(run=run, version=version, step=step, base_model=base_model,
-                   created_unix=float(created), files=files, format_version=fmt,
-                   manifest_sha256=hashlib.sha256(data).hexdigest())
-
-
-def _field(doc: dict[str, Any], key: str, typ: type) -> Any:
-    value = doc.get(key)
-    if isinstance(value, bool) or not isinstance(value, typ):
-        raise AdapterVerificationError(
-            f"{MANIFEST_FILE}: field {key!r} missing or not {typ.__name__}")
-    return value
+            manifest = cls.model_validate(doc)
+        except ValidationError as exc:
+            raise AdapterVerificationError(
+                f"{MANIFEST_FILE}: {validation_summary(exc)}") from None
+        return manifest.model_copy(update={"manifest_sha256": hashlib.sha256(data).hexdigest()})
 
 
 # -- content checks ---------------------------------------------------------------------
@@ -281,8 +274,8 @@ def publish_adapter_dir(
         lap("manifest_s")
     # (leaving the pool waited for every task, also when one failed)
     lap("rename_s")  # dir fsync, rename without replace, parent fsync
-    return dataclasses.replace(manifest,
-                               manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest())
+    return manifest.model_copy(
+        update={"manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest()})
 
 
 def sha256_of(source: bytes | memoryview | Path) -> tuple[str, int]:

@@ -12,8 +12,10 @@ import os
 import re
 from pathlib import Path, PurePosixPath
 
+from rlfleet import defaults
+
 ENV_RUNS_ROOT = "RLFLEET_RUNS_ROOT"
-DEFAULT_RUNS_ROOT = Path("/shared/runs")
+DEFAULT_RUNS_ROOT = defaults.RUNS_ROOT
 
 RUN_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 VERSION_DIR_RE = re.compile(r"v(\d{6,})")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pydantic import Field
 
+from rlfleet import defaults
 from rlfleet.fleet import (
     AdapterDirectory,
     ReplicaDirectory,
@@ -27,10 +28,10 @@ log = logging.getLogger(__name__)
 
 
 class SyncSettings(ServiceSettings):
-    port: int = Field(50053, ge=0, le=65535)
-    metrics_port: int | None = Field(9103, ge=0, le=65535)
+    port: int = Field(defaults.CKPTSYNC_PORT, ge=0, le=65535)
+    metrics_port: int | None = Field(defaults.CKPTSYNC_METRICS_PORT, ge=0, le=65535)
     redis_url: str = "redis://127.0.0.1:6379/0"
-    runs_root: Path = Path("/shared/runs")
+    runs_root: Path = defaults.RUNS_ROOT
     keep_last: int = Field(3, ge=1)
     # old versions are collected once every replica serves the new one, or this long
     # after the publish at the latest

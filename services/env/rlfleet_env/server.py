@@ -9,10 +9,12 @@ B`; the same address by default), so either can be changed without the other.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic_settings import NoDecode
 
+from rlfleet import defaults
 from rlfleet.registries import PluginError
 from rlfleet.reward import RewardFunction, default_rewards
 from rlfleet.reward.service import REWARD_SERVICE, RewardServicer, registration
@@ -34,8 +36,8 @@ def _split(value: object) -> object:
 
 
 class EnvSettings(ServiceSettings):
-    port: int = Field(50051, ge=0, le=65535)
-    metrics_port: int | None = Field(9101, ge=0, le=65535)
+    port: int = Field(defaults.ENV_PORT, ge=0, le=65535)
+    metrics_port: int | None = Field(defaults.ENV_METRICS_PORT, ge=0, le=65535)
     # env and reward calls are short: a replica's connection moves to whatever the
     # Service selects (a reward swap by `helm upgrade`) within this long
     max_connection_age_s: float | None = Field(30.0, gt=0)
@@ -45,10 +47,11 @@ class EnvSettings(ServiceSettings):
     episode_ttl_s: float = Field(600.0, gt=0)
     role: Literal["env+reward", "env", "reward"] = "env+reward"
     # serve only these tasks (names of the registry); empty = all of them
-    tasks: list[str] = Field(default_factory=list)
+    # comma-separated in RLFLEET_TASKS / RLFLEET_SKYRL_ENV (NoDecode: not JSON)
+    tasks: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # SkyRL environments to serve as tasks: "ENV_ID" or "ENV_ID=DATASET" (a JSON-lines
     # file of SkyRL dataset rows); task name "skyrl:ENV_ID" (rlfleet.tasks.skyrl)
-    skyrl_env: list[str] = Field(default_factory=list)
+    skyrl_env: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     @field_validator("tasks", "skyrl_env", mode="before")
     @classmethod

@@ -57,18 +57,17 @@ def read_config(path: str) -> str:
     return text
 
 
-def _non_empty(token: str, where: str) -> str:
-    token = token.strip()
-    if not token:
-        raise SubmitError(f"the fleet token in {where} is empty")
-    return token
+def _token_file(path: str, what: str) -> str:
+    from rlfleet.config import ConfigError, read_token_file
+
+    try:
+        return read_token_file(path, what)
+    except ConfigError as exc:
+        raise SubmitError(str(exc)) from None
 
 
 def token_from_file(path: str) -> str:
-    try:
-        return _non_empty(Path(path).read_text(), path)
-    except OSError as exc:
-        raise SubmitError(f"cannot read token file {path}: {exc.strerror}") from None
+    return _token_file(path, "token file")
 
 
 def parse_secret_ref(ref: str) -> tuple[str, str, str]:
@@ -114,7 +113,10 @@ def token_from_secret(ref: str) -> str:
     if key not in data:
         raise SubmitError(f"Secret {namespace}/{name} has no key {key!r} "
                           f"(it has: {', '.join(sorted(data)) or 'none'})")
-    return _non_empty(base64.b64decode(data[key]).decode(), f"Secret {namespace}/{name}")
+    token = base64.b64decode(data[key]).decode().strip()
+    if not token:
+        raise SubmitError(f"the fleet token in Secret {namespace}/{name} is empty")
+    return token
 
 
 def fleet_token(args: argparse.Namespace) -> str | None:
@@ -164,13 +166,7 @@ def ray_token(path: str | None, address: str) -> str | None:
     RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token) for a plain http(s) address. Other schemes
     (e.g. sagemaker_ray://) authenticate through the module that registers them."""
     if path:
-        try:
-            token = Path(path).read_text().strip()
-        except OSError as exc:
-            raise SubmitError(f"cannot read Ray token file {path}: {exc.strerror}") from None
-        if not token:
-            raise SubmitError(f"the Ray token file {path} is empty")
-        return token
+        return _token_file(path, "Ray token file")
     if "://" in address and not address.startswith(("http://", "https://")):
         return None
     if os.environ.get("RAY_AUTH_TOKEN", "").strip():

@@ -46,7 +46,7 @@ class PolicyTrainer:
     def __init__(self, cfg: LearnerConfig, model_dir: str,
                  device: torch.device | str | None = None) -> None:
         self.cfg = cfg
-        self.grpo: GRPOConfig = cfg.grpo_config()
+        self.grpo: GRPOConfig = cfg.grpo
         if cfg.model.torch_threads:
             torch.set_num_threads(cfg.model.torch_threads)
         if cfg.deterministic:

@@ -1,3 +1,14 @@
+{{- /* The services' ports, defined once for the chart: the numbers of rlfleet.defaults
+     (libs/rlfleet/defaults.py; tests/unit/test_defaults.py checks they agree). Env and
+     reward pods share the env port, so a swapped reward service keeps its address. */}}
+{{- define "rlfleet.port.env" -}}50051{{- end -}}
+{{- define "rlfleet.port.rollout" -}}50052{{- end -}}
+{{- define "rlfleet.port.ckptsync" -}}50053{{- end -}}
+{{- define "rlfleet.port.envMetrics" -}}9101{{- end -}}
+{{- define "rlfleet.port.rolloutMetrics" -}}9102{{- end -}}
+{{- define "rlfleet.port.ckptsyncMetrics" -}}9103{{- end -}}
+{{- define "rlfleet.port.learnerMetrics" -}}9104{{- end -}}
+
 {{/* Names ---------------------------------------------------------------------- */}}
 
 {{- define "rlfleet.name" -}}
@@ -69,9 +80,9 @@ helm.sh/chart: {{ include "rlfleet.chart" .root }}
 
 {{- define "rlfleet.redisHost" -}}{{ include "rlfleet.fullname" . }}-redis{{- end -}}
 {{- define "rlfleet.redisUrl" -}}redis://{{ include "rlfleet.redisHost" . }}:6379/0{{- end -}}
-{{- define "rlfleet.rewardAddress" -}}{{ include "rlfleet.fullname" . }}-reward:50051{{- end -}}
-{{- define "rlfleet.envAddress" -}}{{ include "rlfleet.fullname" . }}-env:50051{{- end -}}
-{{- define "rlfleet.ckptsyncAddress" -}}{{ include "rlfleet.fullname" . }}-ckptsync:50053{{- end -}}
+{{- define "rlfleet.rewardAddress" -}}{{ include "rlfleet.fullname" . }}-reward:{{ include "rlfleet.port.env" . }}{{- end -}}
+{{- define "rlfleet.envAddress" -}}{{ include "rlfleet.fullname" . }}-env:{{ include "rlfleet.port.env" . }}{{- end -}}
+{{- define "rlfleet.ckptsyncAddress" -}}{{ include "rlfleet.fullname" . }}-ckptsync:{{ include "rlfleet.port.ckptsync" . }}{{- end -}}
 {{- define "rlfleet.rolloutService" -}}{{ include "rlfleet.fullname" . }}-rollout-headless{{- end -}}
 
 {{- define "rlfleet.redisSecretName" -}}
@@ -189,7 +200,7 @@ helm.sh/chart: {{ include "rlfleet.chart" .root }}
 {{- end -}}
 
 {{/* exec probe through `rlfleet health`: works on every Kubernetes version (native gRPC
-     probes need 1.24+) and sends the fleet's auth token. dict "port" 50052 */}}
+     probes need 1.24+) and sends the fleet's auth token. dict "port" (include "rlfleet.port.rollout" .) */}}
 {{- define "rlfleet.healthProbe" -}}
 exec:
   command: ["rlfleet", "health", "127.0.0.1:{{ .port }}"]
@@ -294,7 +305,7 @@ prometheus.io/path: /metrics
      <release>-<role>-<name>; the stable Service <release>-<role> selects <role>.selected.
      An entry runs `rlfleet env serve --role <role>` with its args, or its own command
      (a reward service in a package of its own, e.g. examples/path-efficiency-reward);
-     either way it listens on 50051 (gRPC) and 9101 (metrics). */}}
+     either way it listens on the env port (gRPC) and the env metrics port. */}}
 {{- define "rlfleet.contractServices" -}}
 {{- $root := .root -}}
 {{- $role := .role -}}
@@ -329,7 +340,7 @@ spec:
       labels:
         {{- include "rlfleet.labels" $sel | nindent 8 }}
         {{ $label }}: {{ $svc.name }}
-      {{- with include "rlfleet.metricsAnnotations" (dict "root" $root "port" 9101) }}
+      {{- with include "rlfleet.metricsAnnotations" (dict "root" $root "port" (include "rlfleet.port.envMetrics" .)) }}
       annotations:
         {{- . | nindent 8 }}
       {{- end }}
@@ -350,7 +361,7 @@ spec:
           command:
             {{- toYaml $svc.command | nindent 12 }}
           {{- else }}
-          command: ["rlfleet", "env", "serve", "--role", {{ $role | quote }}, "--port", "50051", "--metrics-port", "9101"]
+          command: ["rlfleet", "env", "serve", "--role", {{ $role | quote }}, "--port", "{{ include "rlfleet.port.env" . }}", "--metrics-port", "{{ include "rlfleet.port.envMetrics" . }}"]
           {{- end }}
           args:
             {{- toYaml ($svc.args | default list) | nindent 12 }}
@@ -360,13 +371,13 @@ spec:
               value: {{ $svc.name | quote }}
           ports:
             - name: grpc
-              containerPort: 50051
+              containerPort: {{ include "rlfleet.port.env" . }}
               protocol: TCP
             - name: metrics
-              containerPort: 9101
+              containerPort: {{ include "rlfleet.port.envMetrics" . }}
               protocol: TCP
           readinessProbe:
-            {{- include "rlfleet.healthProbe" (dict "port" 50051) | nindent 12 }}
+            {{- include "rlfleet.healthProbe" (dict "port" (include "rlfleet.port.env" .)) | nindent 12 }}
             periodSeconds: 10
             timeoutSeconds: 5
             failureThreshold: 3
@@ -418,12 +429,12 @@ spec:
     {{ $label }}: {{ $svc.name }}
   ports:
     - name: grpc
-      port: 50051
+      port: {{ include "rlfleet.port.env" . }}
       targetPort: grpc
       protocol: TCP
       appProtocol: grpc
     - name: metrics
-      port: 9101
+      port: {{ include "rlfleet.port.envMetrics" . }}
       targetPort: metrics
       protocol: TCP
       appProtocol: http
@@ -447,7 +458,7 @@ spec:
     {{ $label }}: {{ $v.selected }}
   ports:
     - name: grpc
-      port: 50051
+      port: {{ include "rlfleet.port.env" . }}
       targetPort: grpc
       protocol: TCP
       appProtocol: grpc

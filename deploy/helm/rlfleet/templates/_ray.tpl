@@ -10,7 +10,7 @@ metadata:
     rlfleet.io/ray-node: {{ .node }}
   annotations:
     checksum/learner-config: {{ ternary $l.configFile (toYaml $l.config) (ne $l.configFile "") | sha256sum }}
-    {{- include "rlfleet.metricsAnnotations" (dict "root" $ "port" (ternary 9104 8080 (eq .node "head"))) | nindent 4 }}
+    {{- include "rlfleet.metricsAnnotations" (dict "root" $ "port" (ternary (include "rlfleet.port.learnerMetrics" .) 8080 (eq .node "head"))) | nindent 4 }}
 spec:
   serviceAccountName: {{ include "rlfleet.serviceAccountName" $ }}
   automountServiceAccountToken: false
@@ -41,13 +41,13 @@ spec:
         - name: RLFLEET_MODEL
           value: {{ $.Values.model | quote }}
         - name: RLFLEET_METRICS_PORT
-          value: "9104"
+          value: "{{ include "rlfleet.port.learnerMetrics" . }}"
         - name: HF_HOME
           value: /tmp/hf
       ports:
         {{- if .job }}
         - name: learner-metrics
-          containerPort: 9104
+          containerPort: {{ include "rlfleet.port.learnerMetrics" . }}
           protocol: TCP
         {{- else if eq .node "head" }}
         - name: gcs-server
@@ -61,7 +61,7 @@ spec:
           protocol: TCP
         # rlfleet's own metrics (served by the learner driver, which runs on the head).
         - name: learner-metrics
-          containerPort: 9104
+          containerPort: {{ include "rlfleet.port.learnerMetrics" . }}
           protocol: TCP
         {{- end }}
         {{- if not .job }}
