@@ -15,7 +15,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 @pytest.mark.parametrize("name", ["local-tiny.yaml", "qwen3-vl-8b-hyperpod.yaml"])
 def test_shipped_configs_validate(name: str) -> None:
     cfg = load_config(LearnerConfig, CONFIGS / name, env={})
-    assert cfg.grpo_config().clip_low == 0.2
+    assert cfg.grpo.clip_low == 0.2
 
 
 def test_production_config_matches_the_reference() -> None:

@@ -172,7 +172,7 @@ class TrainerGroup:
         except BaseException:
             self.close()
             raise
-        self.micro_batch_size = cfg.grpo_config().micro_batch_size
+        self.micro_batch_size = cfg.grpo.micro_batch_size
         self.mini_batches, self.epochs, self.seed = (cfg.optim.mini_batches, cfg.optim.epochs,
                                                      cfg.seed)
         self.steps_done = 0
