@@ -14,10 +14,26 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from rlfleet.config import fleet_token
 from rlfleet.local.procs import Proc, ProcessGroup, free_port, rlfleet_argv
 from rlfleet.local.redis import start_redis
+
+
+def serve_argv(service: str, config_dir: Path, name: str, settings: dict[str, Any],
+               *extra: str) -> list[str]:
+    """`rlfleet SERVICE serve --config FILE`, FILE the process's settings written as YAML
+    into `config_dir` (named for the process): the services' documented config files,
+    not their flags, are what this library speaks; the file stays beside the logs to
+    show how each process ran. `extra` flags (a caller's) override the file."""
+    config_dir.mkdir(parents=True, exist_ok=True)
+    path = config_dir / f"{name}.yaml"
+    plain = {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()}
+    path.write_text(yaml.safe_dump(plain, sort_keys=True))
+    return rlfleet_argv(service, "serve", "--config", str(path), *extra)
 
 
 def auth_env(token: str | None) -> dict[str, str]:
@@ -45,6 +61,10 @@ class LocalStack:
         return auth_env(self.token)
 
     @property
+    def config_dir(self) -> Path:
+        return self.group.log_dir.parent / "configs"
+
+    @property
     def env_address(self) -> str:
         assert self.env is not None and self.env.address
         return self.env.address
@@ -64,8 +84,9 @@ class LocalStack:
         port = port or free_port()
         metrics_port = free_port()
         if isinstance(argv_for, str):
-            argv = rlfleet_argv("env", "serve", "--role", "reward", "--reward", argv_for,
-                                "--port", str(port), "--metrics-port", str(metrics_port))
+            argv = serve_argv("env", self.config_dir, name, {
+                "role": "reward", "reward": argv_for, "port": port,
+                "metrics_port": metrics_port})
         else:
             argv = argv_for(port, metrics_port)
         self.reward = self.group.start_service(name, argv, f"127.0.0.1:{port}",
@@ -95,13 +116,12 @@ class LocalStack:
         `python` runs it under another interpreter (the vLLM venv's for --engine vllm)."""
         name = name or f"rollout-{len(self.replicas)}"
         port, metrics_port = free_port(), free_port()
-        argv = rlfleet_argv("rollout", "serve", "--port", str(port),
-                         "--metrics-port", str(metrics_port), "--model", str(self.model_dir),
-                         "--env-address", self.env_address,
-                         "--reward-address", self.reward_address, "--redis-url", self.redis_url,
-                         "--sync-address", self.sync_address, "--runs-root",
-                         str(self.runs_root), "--run", run or self.run, "--replica-id", name,
-                         "--heartbeat-s", "1", *extra)
+        argv = serve_argv("rollout", self.config_dir, name, {
+            "port": port, "metrics_port": metrics_port, "model": self.model_dir,
+            "env_address": self.env_address, "reward_address": self.reward_address,
+            "redis_url": self.redis_url, "sync_address": self.sync_address,
+            "runs_root": self.runs_root, "run": run or self.run, "replica_id": name,
+            "heartbeat_s": 1}, *extra)
         if python:
             argv[0] = python
         proc = self.group.start_service(name, argv, f"127.0.0.1:{port}", timeout_s=600,
@@ -132,22 +152,22 @@ def start_stack(work_dir: Path, *, runs_root: Path, run: str, model_dir: Path,
         log("starting redis")
         _, stack.redis_url = start_redis(group)
         port = free_port()
-        roles = ["--role", "env"] if separate_reward else ["--reward", reward]
+        role = {"role": "env"} if separate_reward else {"reward": reward}
         log("starting env service" if separate_reward
             else f"starting env/reward service (reward: {reward})")
         stack.env = group.start_service(
-            "env", rlfleet_argv("env", "serve", "--port", str(port), "--metrics-port",
-                                str(free_port()), *roles, *env_args), f"127.0.0.1:{port}",
-            env=stack.service_env)
+            "env", serve_argv("env", stack.config_dir, "env", {
+                "port": port, "metrics_port": free_port(), **role}, *env_args),
+            f"127.0.0.1:{port}", env=stack.service_env)
         if separate_reward:
             log(f"starting reward service ({reward})")
             stack.start_reward(reward)
         port = free_port()
         log("starting ckpt-sync")
         stack.sync = group.start_service(
-            "ckptsync", rlfleet_argv("ckptsync", "serve", "--port", str(port),
-                                     "--metrics-port", str(free_port()), "--redis-url",
-                                     stack.redis_url, "--runs-root", str(runs_root)),
+            "ckptsync", serve_argv("ckptsync", stack.config_dir, "ckptsync", {
+                "port": port, "metrics_port": free_port(), "redis_url": stack.redis_url,
+                "runs_root": runs_root}),
             f"127.0.0.1:{port}", env=stack.service_env)
         for i in range(replicas):
             log(f"starting rollout replica {i + 1}/{replicas}")
