@@ -79,7 +79,8 @@ def service_rows(model_dir: Path, work: Path, groups: int = 12) -> list[dict]:
                                          max_turns=10),
                 group_size=8,
                 sampling=rollout_pb2.SamplingParams(temperature=1.0, max_new_tokens=4),
-                idempotency_key=uuid.uuid4().hex, include_images=True, context="last_frame")
+                idempotency_key=uuid.uuid4().hex, include_images=True,
+                context_mode=common_pb2.CONTEXT_LAST_FRAME)
                 for i in range(groups)]
             start = time.perf_counter()
             results = list(pool.run_groups(requests, max_in_flight=4))

@@ -20,7 +20,7 @@ from rlfleet.engines.vllm import default_venv_python
 from rlfleet.local.metrics import read_events
 from rlfleet.local.stack import start_stack
 from rlfleet.rpc import RpcClient
-from rlfleet.v1 import rollout_pb2, rollout_pb2_grpc
+from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from tests import factories
 from tests.factories import NO_EVAL
 from tests.scaled_8b import build_scaled_8b
@@ -73,5 +73,5 @@ def test_the_8b_path_rolls_out_on_vllm_trains_and_hot_swaps(tmp_path: Path, proc
     assert steps[1]["version"] == steps[0]["version"] + 1
     status = RpcClient(replica.address, timeout_s=30).call(
         rollout_pb2_grpc.RolloutServiceStub, "GetStatus", rollout_pb2.StatusRequest())
-    assert status.engine == "vllm" and status.model == str(model)
+    assert status.engine_kind == common_pb2.ENGINE_VLLM and status.model == str(model)
     assert status.adapter.version == steps[1]["version"]

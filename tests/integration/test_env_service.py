@@ -96,6 +96,32 @@ def test_same_seed_same_png_across_processes(start_env) -> None:
     assert len(set(digests[0])) == 3
 
 
+def test_action_format_travels_as_the_enum(start_env) -> None:
+    """TaskSpec.format picks the syntax the env reads; UNSPECIFIED is the task's default
+    (literal for maze_2d); a number of no ActionFormat is INVALID_ARGUMENT, naming the
+    known values, never read as the default."""
+    client = RpcClient(start_env().address)
+    formats = [common_pb2.ACTION_FORMAT_UNSPECIFIED, common_pb2.ACTION_FORMAT_TAGS,
+               common_pb2.ACTION_FORMAT_VISGYM]
+    opened = client.call(Env, "Open", env_pb2.OpenRequest(tasks=[
+        common_pb2.TaskSpec(task="maze_2d", seed=7, format=f) for f in formats]))
+    ids = [e.episode_id for e in opened.episodes]
+    assert "<action>" in opened.episodes[1].observation.instruction
+    tags = client.call(Env, "Step", env_pb2.StepRequest(actions=[
+        env_pb2.Action(episode_id=i, text="<action>stop</action>") for i in ids])).results
+    assert [r.parsed for r in tags] == [False, True, False]
+    literal = client.call(Env, "Step", env_pb2.StepRequest(actions=[
+        env_pb2.Action(episode_id=i, text="('stop', 'stop')") for i in (ids[0], ids[2])]))
+    assert [r.parsed for r in literal.results] == [True, True]
+    assert "Action executed successfully" in literal.results[1].observation.feedback
+    with pytest.raises(grpc.RpcError) as err:
+        client.call(Env, "Open", env_pb2.OpenRequest(tasks=[
+            common_pb2.TaskSpec(task="maze_2d", seed=7, format=99)]))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "unknown action format value 99" in err.value.details()
+    assert "visgym (3)" in err.value.details()
+
+
 def _frame_cache_metrics(port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     return {m[1]: float(m[2]) for m in re.finditer(

@@ -33,7 +33,7 @@ def group() -> rollout_pb2.GroupRequest:
                                  size=7, max_turns=3),
         group_size=2,
         sampling=rollout_pb2.SamplingParams(temperature=1.0, max_new_tokens=3),
-        idempotency_key=uuid.uuid4().hex, context="frame_only")
+        idempotency_key=uuid.uuid4().hex, context_mode=common_pb2.CONTEXT_FRAME_ONLY)
 
 
 class Players:

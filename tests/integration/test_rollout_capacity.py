@@ -133,7 +133,7 @@ def replicas(procs) -> Iterator[Callable[..., FakeReplica]]:  # noqa: ANN001 - t
         player = _Player(replica_id, episode_s)
         servicer = RolloutServicer(player, _Adapters(), max_groups=max_groups,  # type: ignore[arg-type]
                                    max_episodes=max_episodes, adapter_wait_s=0,
-                                   cache=GroupCache(4096), address="", engine="fake",
+                                   cache=GroupCache(4096), address="", engine="hf",
                                    model="none")
         player.servicer = servicer
         server = GrpcServer(f"fake-{replica_id}", ServerConfig(port=0), [

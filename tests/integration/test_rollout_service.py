@@ -15,7 +15,8 @@ import torch
 from PIL import Image
 
 from rlfleet.clients.rollout_pool import RolloutPool
-from rlfleet.fleet import AdapterRecord, AdapterDirectory, ReplicaDirectory, connect
+from rlfleet.fleet import AdapterDirectory, AdapterRecord, ReplicaDirectory, connect
+from rlfleet.names import CONTEXTS, to_wire
 from rlfleet.rpc import RpcClient
 from rlfleet.storage import RunsRoot
 from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc, sync_pb2, sync_pb2_grpc
@@ -33,7 +34,8 @@ def group(seed: int = 1_000_001, g: int = 3, turns: int = 3, key: str | None = N
         sampling=rollout_pb2.SamplingParams(temperature=temperature, max_new_tokens=3,
                                             seed=sampling_seed),
         idempotency_key=key or uuid.uuid4().hex,
-        include_images=True, context=context, min_adapter_version=min_version)
+        include_images=True, context_mode=to_wire(common_pb2.Context, context),
+        min_adapter_version=min_version)
 
 
 def collect(address: str, request: rollout_pb2.GroupRequest) -> list[rollout_pb2.Trajectory]:
@@ -69,7 +71,7 @@ def test_group_trajectories_are_complete(env, start_rollout) -> None:
         assert t.reward_name == "task" and "task" in t.reward_components
         assert t.adapter.version == 0 and t.replica_id == "rollout"
         assert t.final_state.turns == len(t.turns)
-        assert t.segment_starts == [0] and t.context == "full"
+        assert t.segment_starts == [0] and t.context_mode == common_pb2.CONTEXT_FULL
         assert t.timings.total_s > 0
 
 
@@ -95,6 +97,29 @@ def test_logprobs_equal_a_fresh_forward_pass(env, start_rollout, tiny_model_dir:
             for j in range(len(ids)):
                 if t.loss_mask[start + j]:
                     assert lp[j].item() == pytest.approx(t.logprobs[start + j], abs=1e-4)
+
+
+def test_the_enums_travel_over_the_wire(env, start_rollout) -> None:
+    """Each Context value a request carries comes back in its trajectories (UNSPECIFIED as
+    full, the default); a value of no Context (a newer client's) is refused, naming the
+    known ones; GetStatus reports the engine as the Engine enum."""
+    replica = start_rollout(env.address)
+    for name in ("", *CONTEXTS):
+        request = group(g=1, turns=2, context=name)
+        [t] = collect(replica.address, request)
+        assert t.context_mode == to_wire(common_pb2.Context, name or "full"), name
+        per_turn = name not in ("", "full")
+        assert len(t.segment_starts) == (len(t.turns) if per_turn else 1), name
+    unknown = group()
+    unknown.context_mode = 99  # proto3 enums are open: the wire carries any number
+    with pytest.raises(grpc.RpcError) as err:
+        collect(replica.address, unknown)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "unknown context value 99" in err.value.details()
+    assert "last_frame (2)" in err.value.details()
+    status = RpcClient(replica.address, timeout_s=30).call(Rollout, "GetStatus",
+                                                           rollout_pb2.StatusRequest())
+    assert status.engine_kind == common_pb2.ENGINE_HF
 
 
 def test_idempotency_key_returns_the_same_group(env, start_rollout) -> None:

@@ -114,7 +114,8 @@ def test_a_replica_plays_a_skyrl_env_not_written_by_rlfleet(start_env, start_rol
     replica = start_rollout(env.address)
     request = rollout_pb2.GroupRequest(
         task=common_pb2.TaskSpec(task="skyrl:rlfleet-test-picture", seed=3, max_turns=2),
-        group_size=2, idempotency_key="picture-1", include_images=True, context="full",
+        group_size=2, idempotency_key="picture-1", include_images=True,
+        context_mode=common_pb2.CONTEXT_FULL,
         sampling=rollout_pb2.SamplingParams(temperature=1.0, max_new_tokens=4, seed=7))
     trajectories = list(RpcClient(replica.address, timeout_s=300).stream(
         rollout_pb2_grpc.RolloutServiceStub, "RolloutGroup", request))
@@ -152,7 +153,7 @@ def test_a_replica_plays_skyrls_own_gsm8k_env(start_env, start_rollout, tmp_path
     replica = start_rollout(env.address)
     request = rollout_pb2.GroupRequest(
         task=common_pb2.TaskSpec(task="skyrl:gsm8k_multi_turn", seed=5, max_turns=2),
-        group_size=2, idempotency_key="gsm8k-1", context="full",
+        group_size=2, idempotency_key="gsm8k-1", context_mode=common_pb2.CONTEXT_FULL,
         sampling=rollout_pb2.SamplingParams(temperature=1.0, max_new_tokens=4, seed=3))
     trajectories = list(RpcClient(replica.address, timeout_s=300).stream(
         rollout_pb2_grpc.RolloutServiceStub, "RolloutGroup", request))

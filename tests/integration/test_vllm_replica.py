@@ -27,7 +27,8 @@ def greedy_group(version: int, seed: int = 1_000_003) -> rollout_pb2.GroupReques
         task=common_pb2.TaskSpec(task="maze_2d", seed=seed, size=7, max_turns=3),
         group_size=2,
         sampling=rollout_pb2.SamplingParams(temperature=0.0, max_new_tokens=4),
-        idempotency_key=uuid.uuid4().hex, include_images=True, context="full",
+        idempotency_key=uuid.uuid4().hex, include_images=True,
+        context_mode=common_pb2.CONTEXT_FULL,
         min_adapter_version=version)
 
 

@@ -167,7 +167,9 @@ BAD_TASK_FIELDS = {
                                                                 2**31 - 1)),
     "cell_px": st.one_of(st.integers(-2**31, -1), st.integers(limits.MAX_CELL_PX + 1,
                                                               2**31 - 1)),
-    "action_format": long_text,
+    # numbers of no ActionFormat (proto3 enums are open: any int32 crosses the wire)
+    "format": st.one_of(st.integers(-2**31, -1),
+                        st.integers(len(common_pb2.ActionFormat.values()), 2**31 - 1)),
     "layout": st.just(None),  # drawn below: a random (mostly broken) explicit layout
 }
 
@@ -218,7 +220,8 @@ BAD_GROUP_FIELDS = {
                                 st.integers(limits.MAX_NEW_TOKENS + 1, 2**31 - 1)),
     "min_adapter_version": st.one_of(st.integers(-2**63, -1), st.integers(1, 2**63 - 1)),
     "idempotency_key": st.sampled_from(["", "k" * 129, "é" * 65]),
-    "context": st.one_of(st.sampled_from(["FULL", "last", "none"]), long_text),
+    "context_mode": st.one_of(st.integers(-2**31, -1),
+                              st.integers(len(common_pb2.Context.values()), 2**31 - 1)),
     "task": st.just(None),  # drawn below: a corrupted task spec
 }
 SAMPLING_FIELDS = {"temperature", "top_p", "top_k", "max_new_tokens"}
@@ -235,7 +238,9 @@ def group_requests(draw: st.DrawFn) -> rollout_pb2.GroupRequest:
             seed=draw(i64)),
         idempotency_key=uuid.uuid4().hex + draw(st.text(max_size=10)),
         include_images=draw(st.booleans()),
-        context=draw(st.sampled_from(["", "full", "last_frame"])))
+        context_mode=draw(st.sampled_from([common_pb2.CONTEXT_UNSPECIFIED,
+                                           common_pb2.CONTEXT_FULL,
+                                           common_pb2.CONTEXT_LAST_FRAME])))
     for name in draw(st.sets(st.sampled_from(sorted(BAD_GROUP_FIELDS)), max_size=2)):
         if name == "task":
             request.task.CopyFrom(draw(task_specs(cheap=True, corrupt=2)))

@@ -579,7 +579,8 @@ def maze_spec_errors(t: Target, task: str) -> None:
         "huge size": spec(task=task, size=10_001),
         "negative size": spec(task=task, size=-9),
         "huge cell": spec(task=task, render=common_pb2.RenderOptions(cell_px=10_000)),
-        "bad format": spec(task=task, action_format="yaml"),
+        # a value of no ActionFormat (e.g. a newer client's): refused, never the default
+        "bad format": spec(task=task, format=99),
         "bad layout": spec(task=task, layout=common_pb2.MazeLayout(height=5, width=5,
                                                                    walls=b"\x00")),
     }

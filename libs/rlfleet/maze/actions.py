@@ -51,6 +51,7 @@ from enum import StrEnum
 from functools import lru_cache
 
 from rlfleet.maze.layout import DIRECTION_DELTAS, Position
+from rlfleet.names import ACTION_FORMATS
 
 MAX_SCAN_CHARS = 8192
 # Characters of failed candidate tuples the harness search may read before it gives up.
@@ -81,8 +82,9 @@ class Feedback(StrEnum):
     VISGYM = "visgym"
 
 
-# The names a task spec may give as its action format: the two syntaxes, and "visgym",
-# the literal syntax with VisGym's feedback sentences.
+# What each action-format name means: the two syntaxes, and "visgym", the literal syntax
+# with VisGym's feedback sentences. The names are the proto enum rlfleet.v1.ActionFormat's
+# (`ACTION_FORMATS`, derived in rlfleet.names); a test holds the keys equal to them.
 FORMAT_PROFILES: dict[str, tuple[ActionFormat, Feedback]] = {
     "literal": (ActionFormat.LITERAL, Feedback.RLFLEET),
     "tags": (ActionFormat.TAGS, Feedback.RLFLEET),
@@ -96,7 +98,7 @@ def resolve_format(name: ActionFormat | str) -> tuple[ActionFormat, Feedback]:
         return FORMAT_PROFILES[str(name)]
     except KeyError:
         raise ValueError(
-            f"action_format must be one of {sorted(FORMAT_PROFILES)}, got {name!r}"
+            f"action_format must be one of {ACTION_FORMATS}, got {name!r}"
         ) from None
 
 

@@ -14,13 +14,17 @@ builds the prompts) and SFT (which must train on exactly the same prompts).
   prompt is a pure function of (maze state, last feedback), so the many turns of a group
   that reach the same state with the same feedback are the same sequence: the engines and
   the learner compute such duplicates once.
+
+The names are the proto enum ``rlfleet.v1.Context`` (``CONTEXT_LAST_FRAME`` is
+``last_frame``), derived in `rlfleet.names`.
 """
 
 from __future__ import annotations
 
 import base64
 
-CONTEXTS = ("full", "last_frame", "frame_only")
+from rlfleet.names import CONTEXTS  # the names are defined once, as the proto enum Context
+
 # the contexts whose every turn is a fresh prompt (what SFT trains on: one turn an example)
 PER_TURN_CONTEXTS = tuple(c for c in CONTEXTS if c != "full")
 

@@ -17,6 +17,7 @@ import skyrl_gym
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
 from rlfleet.config import read_secret
+from rlfleet.names import to_wire
 from rlfleet.rpc.client import RpcClient
 from rlfleet.skyrl.maze_env import _options
 from rlfleet.v1 import common_pb2, env_pb2, env_pb2_grpc
@@ -39,7 +40,7 @@ def task_spec(options: dict[str, Any]) -> common_pb2.TaskSpec:
         seed=int(options.get("seed", 0)),
         size=int(options.get("size") or 0),
         max_turns=int(options.get("max_turns") or 0),
-        action_format=str(options.get("action_format") or ""),
+        format=to_wire(common_pb2.ActionFormat, str(options.get("action_format") or "")),
         render=common_pb2.RenderOptions(cell_px=int(options.get("cell_px") or 0)),
     )
 

@@ -16,8 +16,10 @@ from rlfleet.maze.layout import Layout
 from rlfleet.maze.oracle import distance_to_target
 from rlfleet.maze.render import Frame, render_frame
 from rlfleet.maze.tasks import TASKS, get_task
+from rlfleet.names import from_wire
 from rlfleet.rpc.errors import InvalidArgument
 from rlfleet.tasks import StepResult, Task, TaskEpisode, TaskInfo
+from rlfleet.v1 import common_pb2
 
 
 def _check_range(what: str, value: int, low: int, high: int) -> None:
@@ -54,7 +56,9 @@ def episode_from_spec(spec: Any) -> MazeEpisode:
         return MazeEpisode(
             layout,
             max_turns=max_turns,
-            action_format=spec.action_format or preset.action_format,
+            # an unknown value is a ValueError naming the known ones (InvalidArgument)
+            action_format=from_wire(common_pb2.ActionFormat, spec.format)
+            or preset.action_format,
             cell_px=spec.render.cell_px or preset.cell_px,
         )
     except InvalidArgument:

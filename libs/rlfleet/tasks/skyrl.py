@@ -160,9 +160,9 @@ class SkyRLTask(Task):
         # env draws its own pictures; replicas ask every task for their profile's cell
         # size), and the learner's size and turn_margin (its data config always has them).
         # A layout or an action format would change what is played: refused.
-        if spec.HasField("layout") or spec.action_format:
+        if spec.HasField("layout") or spec.format:
             raise ValueError("a SkyRL task takes seed and max_turns only (no layout or "
-                             "action_format; size, turn_margin and render are ignored)")
+                             "format; size, turn_margin and render are ignored)")
         # Without a dataset the env makes its own task; the seed is its only input.
         row = dict(self.dataset[spec.seed % len(self.dataset)]) if self.dataset else \
             {"extra_info": {"seed": spec.seed}}

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from rlfleet.grpo import GRPOConfig
 from rlfleet.maze.tasks import EVAL_SEEDS, HELDOUT_SEEDS
+from rlfleet.names import CONTEXTS
 
 
 class _Strict(BaseModel):
@@ -57,7 +58,7 @@ class DataConfig(_Strict):
     # + turn_margin (0 = off); evals always play to max_turns, VisGym's limit
     turn_margin: int = Field(0, ge=0, le=1000)
     cell_px: int = Field(16, ge=0, le=64)
-    context: Literal["full", "last_frame", "frame_only"] = "last_frame"
+    context: Literal[CONTEXTS] = "last_frame"  # type: ignore[valid-type]  # the proto enum
     groups_per_step: int = Field(8, ge=1)
     group_size: int = Field(8, ge=1, le=64)
     temperature: float = Field(1.0, gt=0, le=5)

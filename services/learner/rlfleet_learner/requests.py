@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rlfleet.names import to_wire
 from rlfleet.v1 import common_pb2, rollout_pb2
 from rlfleet_learner.config import DataConfig
 
@@ -31,7 +32,7 @@ def train_group(data: DataConfig, *, run: str, step: int, index: int, seed: int,
         # the run it replaces.
         idempotency_key=f"{run}/train/s{step}/v{min_version}/g{index}",
         include_images=True,
-        context=data.context,
+        context_mode=to_wire(common_pb2.Context, data.context),
     )
 
 
@@ -45,5 +46,5 @@ def eval_episode(data: DataConfig, *, run: str, seed: int, version: int
         min_adapter_version=version,
         idempotency_key=f"{run}/eval/v{version}/seed{seed}",
         include_images=False,
-        context=data.context,
+        context_mode=to_wire(common_pb2.Context, data.context),
     )

@@ -17,7 +17,7 @@ from rlfleet.cliargs import (
     one_line,
     optional_address,
 )
-from rlfleet.policy.contexts import CONTEXTS
+from rlfleet.names import CONTEXTS
 from rlfleet.policy.profiles import PROFILES
 
 # named, not imported: registering the command must not import pydantic, torch or grpc
@@ -48,6 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _sample(args: argparse.Namespace) -> int:
     import grpc
 
+    from rlfleet.names import to_wire
     from rlfleet.v1 import common_pb2, rollout_pb2
 
     request = rollout_pb2.GroupRequest(
@@ -58,8 +59,7 @@ def _sample(args: argparse.Namespace) -> int:
                                             max_new_tokens=args.max_new_tokens,
                                             seed=args.sampling_seed),
         idempotency_key=args.key or uuid.uuid4().hex,
-        env_address=args.env_address or "",
-        context=args.context,
+        context_mode=to_wire(common_pb2.Context, args.context),
     )
     try:
         for t in _trajectories(args, request):

@@ -20,7 +20,8 @@ from PIL import Image
 from rlfleet import limits
 from rlfleet.engines.base import Generation, GenerationRequest, SamplingConfig
 from rlfleet.policy.chat import ChatCodec, Encoded
-from rlfleet.policy.contexts import CONTEXTS, observation_message, turn_text
+from rlfleet.names import from_wire, to_wire
+from rlfleet.policy.contexts import observation_message, turn_text
 from rlfleet.rpc.client import RpcClient
 from rlfleet.rpc.errors import InvalidArgument, NotFound, RpcError, Unavailable
 from rlfleet.v1 import (
@@ -157,9 +158,10 @@ class GroupPlayer:
              is_active: Callable[[], bool], queued_s: float = 0.0
              ) -> Iterator[rollout_pb2.Trajectory]:
         params = sampling_config(request.sampling)
-        context = request.context or "full"
-        if context not in CONTEXTS:
-            raise InvalidArgument(f"context must be one of {CONTEXTS}, got {context!r}")
+        try:  # UNSPECIFIED is full; a value this build does not know is refused
+            context = from_wire(common_pb2.Context, request.context_mode, default="full")
+        except ValueError as exc:
+            raise InvalidArgument(f"context_mode: {exc}") from None
         spec = common_pb2.TaskSpec()
         spec.CopyFrom(request.task)
         if not spec.render.cell_px and self.cell_px:
@@ -284,7 +286,7 @@ class GroupPlayer:
                 image_token_offsets=[i for i, t in enumerate(buf.token_ids)
                                      if t == vision_start and not buf.loss_mask[i]],
                 segment_starts=buf.segment_starts,
-                context=context,
+                context_mode=to_wire(common_pb2.Context, context),
             )
 
 

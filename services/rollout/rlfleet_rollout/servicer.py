@@ -10,6 +10,7 @@ from prometheus_client import Counter, Gauge
 
 from rlfleet import limits
 from rlfleet.engines.base import EngineError
+from rlfleet.names import ENGINE_NAMES, to_wire
 from rlfleet.rpc.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from rlfleet_rollout.adapters import AdapterManager
@@ -72,7 +73,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.adapter_wait_s = adapter_wait_s
         self.cache = cache
         self.address = address
-        self.engine = engine
+        if engine not in ENGINE_NAMES:
+            raise ValueError(f"engine must be one of {ENGINE_NAMES}, got {engine!r}")
+        self.engine_kind = to_wire(common_pb2.Engine, engine)
         self.model = model
         self.active_groups = 0
         self.active_episodes = 0
@@ -147,7 +150,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                                           sha256=a.sha256),
             active_groups=self.active_groups,
             active_episodes=self.active_episodes,
-            engine=self.engine,
+            engine_kind=self.engine_kind,
             model=self.model,
             max_groups=self.max_groups,
             max_episodes=self.max_episodes,

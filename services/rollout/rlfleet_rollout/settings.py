@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from rlfleet.names import ENGINE_NAMES
 from rlfleet.policy.profiles import PROFILES
 from rlfleet.service import ServiceSettings
 
@@ -16,7 +17,7 @@ from rlfleet.service import ServiceSettings
 class RolloutSettings(ServiceSettings):
     port: int = Field(50052, ge=0, le=65535)
     metrics_port: int | None = Field(9102, ge=0, le=65535)
-    engine: Literal["hf", "vllm"] = "hf"
+    engine: Literal[ENGINE_NAMES] = "hf"  # type: ignore[valid-type]  # the proto enum Engine
     # extra keyword arguments for the engine, e.g. for vllm {"max_lora_rank": 64,
     # "gpu_memory_utilization": 0.85, "dtype": "bfloat16"}
     engine_args: dict[str, Any] = Field(default_factory=dict)

@@ -41,7 +41,7 @@ class CountdownTask(Task):
     info = TaskInfo("countdown", "count down to zero (a test plugin)", default_max_turns=12)
 
     def open(self, spec) -> CountdownEpisode:  # noqa: ANN001
-        if spec.HasField("layout") or spec.size or spec.action_format:
+        if spec.HasField("layout") or spec.size or spec.format:
             raise ValueError("countdown takes a seed and max_turns only")
         return CountdownEpisode(3 + spec.seed % 7, spec.max_turns or 12)
 
