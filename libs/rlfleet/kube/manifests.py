@@ -24,8 +24,10 @@ from typing import Any
 import yaml
 
 DEFAULT_KUBE_VERSION = "1.33.0"
-# deploy/schemas/crds of the source tree this module lives in (libs/rlfleet/kube/...).
-DEFAULT_CRD_DIR = Path(__file__).resolve().parents[3] / "deploy" / "schemas" / "crds"
+# The repository's CRD schemas, relative to the current directory: the validator is run
+# from the repository root (an installed rlfleet knows no checkout); elsewhere pass the
+# directory (--crds, `crd_dir`).
+DEFAULT_CRD_DIR = Path("deploy", "schemas", "crds")
 POD_TEMPLATE_MARK = "PodTemplateSpec (core/v1)"
 _DEFS_ID = "https://kubernetes.io/api/_definitions.json"
 
@@ -78,7 +80,9 @@ def load_crd_schemas(crd_dir: Path = DEFAULT_CRD_DIR) -> dict[tuple[str, str], d
     out: dict[tuple[str, str], dict[str, Any]] = {}
     files = sorted(Path(crd_dir).glob("*.yaml"))
     if not files:
-        raise FileNotFoundError(f"no CRD schemas in {crd_dir}")
+        where = "" if Path(crd_dir).is_absolute() else f" (under {Path.cwd()})"
+        raise FileNotFoundError(f"no CRD schemas (*.yaml) in {crd_dir}{where}: run from the "
+                                "repository root or give the directory (--crds DIR)")
     for path in files:
         for crd in yaml.safe_load_all(path.read_text()):
             if not crd or crd.get("kind") != "CustomResourceDefinition":
@@ -174,9 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("files", nargs="+", help="YAML files ('-' = standard input)")
     ap.add_argument("-k", "--kube-version", default=DEFAULT_KUBE_VERSION)
-    ap.add_argument("--crds", type=Path, default=DEFAULT_CRD_DIR, help="CRD schema directory")
+    ap.add_argument("--crds", type=Path, default=DEFAULT_CRD_DIR,
+                    help="CRD schema directory (default: %(default)s, from the current "
+                         "directory)")
     args = ap.parse_args(argv)
-    validator = Validator(args.kube_version, args.crds)
+    try:
+        validator = Validator(args.kube_version, args.crds)
+    except FileNotFoundError as exc:
+        ap.exit(2, f"{ap.prog}: {exc}\n")
     failed = 0
     total = 0
     for f in args.files:

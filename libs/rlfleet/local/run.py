@@ -27,7 +27,31 @@ from rlfleet.local.plots import learning_curve
 from rlfleet.local.stack import start_stack
 from rlfleet.policy.profiles import resolve_model_dir
 
-REPO = Path(__file__).resolve().parents[3]
+# Relative to the current directory: `make run` runs from the repository root, and an
+# installed rlfleet knows no checkout (elsewhere give --config and --runs-root).
+DEFAULT_CONFIG = Path("configs", "local-tiny.yaml")
+DEFAULT_RUNS_ROOT = Path("runs")
+
+
+def learner_config(path: Path, *, run: str, steps: int | None) -> dict:
+    """The learner config of a local run: the file at `path` with the run's id (and steps,
+    if given); a relative model path in it is resolved against the current directory, the
+    directory the config's paths are written for (the repository root)."""
+    if not path.is_file():
+        where = "" if path.is_absolute() else f" (under {Path.cwd()})"
+        raise FileNotFoundError(f"no config file {path}{where}: run from the repository root "
+                                "or give --config FILE")
+    cfg = yaml.safe_load(path.read_text())
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: a learner config is a mapping, got {type(cfg).__name__}")
+    if steps is not None:
+        cfg["steps"] = steps
+    cfg["run"] = run
+    model_cfg = cfg.setdefault("model", {})
+    model_path = model_cfg.get("path")
+    if model_path and not Path(model_path).is_absolute():
+        model_cfg["path"] = str(Path(model_path).resolve())
+    return cfg
 
 
 def _table(first: dict, last: dict) -> str:
@@ -121,23 +145,24 @@ def targets_table(summary: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, default=REPO / "configs" / "local-tiny.yaml")
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
+                        help="learner config (default: %(default)s, from the current "
+                             "directory)")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--run", default=None, help="run id (default: local-<time>)")
-    parser.add_argument("--runs-root", type=Path, default=REPO / "runs")
+    parser.add_argument("--runs-root", type=Path, default=DEFAULT_RUNS_ROOT,
+                        help="where the run's directory is made (default: %(default)s, from "
+                             "the current directory)")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     started = time.perf_counter()
     run = args.run or time.strftime("local-%Y%m%d-%H%M%S")
-    cfg = yaml.safe_load(args.config.read_text())
-    if args.steps is not None:
-        cfg["steps"] = args.steps
-    cfg["run"] = run
-    model_cfg = cfg.setdefault("model", {})
-    path = model_cfg.get("path")
-    if path and not Path(path).is_absolute():
-        model_cfg["path"] = str((REPO / path).resolve())
+    try:
+        cfg = learner_config(args.config, run=run, steps=args.steps)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        parser.error(str(exc))
+    model_cfg = cfg["model"]
     model_dir = resolve_model_dir(model_cfg.get("profile", "tiny"), model_cfg.get("path"),
                                   os.environ.get("RLFLEET_CACHE",
                                                  Path.home() / ".cache" / "rlfleet"))
