@@ -2,6 +2,7 @@
 is checked against the JSON Schema of `LearnerConfig` (services/learner), so `helm lint
 --strict` and `helm install` refuse a config the learner would refuse at start-up (a
 misspelt key, a string where a section belongs) instead of a learner pod crash-looping.
+`rollout.engine`'s names come from the same definition as the replica's (rlfleet.names).
 
 Run `python deploy/schemas/gen_learner_schema.py` after changing the learner's config
 model; a test checks the schema file is up to date.
@@ -36,6 +37,10 @@ def updated(values_schema: dict) -> dict:
         "$ref": f"#/definitions/{PREFIX}",
         "description": "a LearnerConfig (from services/learner/rlfleet_learner/config.py)",
     }
+    # the engine names are defined once, as the proto enum Engine (rlfleet.names)
+    from rlfleet.names import ENGINE_NAMES
+
+    out["properties"]["rollout"]["properties"]["engine"]["enum"] = list(ENGINE_NAMES)
     return out
 
 
