@@ -1,16 +1,35 @@
 """Structured logs: one JSON object per line on stderr, with the service name.
 
-Values of keys that look like secrets are redacted, so a token passed by mistake in
-`extra=` never reaches the log.
+`setup_logging` makes this the only format a process writes: the root logger's one
+handler is the JSON one; warnings (`warnings.warn`) become log records; the loggers of
+the libraries a service runs (grpc, ray, urllib3, transformers, peft, vllm, ...) lose the
+plain-text handlers they install for themselves and propagate to the root, including a
+library imported after set-up; an uncaught exception (main thread or any other) is one
+JSON line with its traceback, not a bare traceback on stderr. Progress bars (the Hugging
+Face libraries' tqdm bars, e.g. transformers' "Loading weights") are shown on a terminal
+only; a log file or a pod's log gets none.
+
+Every line carries the keys in `COMMON_KEYS`; `extra=` fields follow. Values of keys that
+look like secrets are redacted, so a token passed by mistake in `extra=` never reaches
+the log.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
-import time
+import threading
+from types import TracebackType
 from typing import Any
+
+COMMON_KEYS = ("ts", "level", "service", "logger", "msg")
+
+# Top-level loggers of libraries that add a handler of their own (transformers, ray and
+# vllm do, with propagation off) or may log before anything else is set up.
+LIBRARY_LOGGERS = ("grpc", "ray", "urllib3", "transformers", "peft", "vllm", "accelerate",
+                   "torch", "httpx", "filelock", "asyncio", "redis", "PIL")
 
 _SECRET_HINTS = ("token", "password", "secret", "authorization", "api_key")
 _STD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message"}
@@ -27,24 +46,104 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, Any] = {
-            "ts": round(time.time(), 3),
+            "ts": round(record.created, 3),
             "level": record.levelname.lower(),
             "service": self.service,
             "logger": record.name,
             "msg": record.getMessage(),
         }
         for key, value in record.__dict__.items():
-            if key not in _STD_ATTRS and not key.startswith("_"):
+            if key not in _STD_ATTRS and not key.startswith("_") and key not in doc:
                 doc[key] = _redact(key, value)
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         return json.dumps(doc, default=str)
 
 
+def _is_library(name: str) -> bool:
+    return name.split(".", 1)[0] in LIBRARY_LOGGERS
+
+
+class _RoutedLogger(logging.Logger):
+    """A library's logger whose records reach the root's JSON handler: handlers other
+    than the JSON one are refused, and propagation cannot be turned off. The class of
+    every logger created after `setup_logging` (it acts on library names only), and given
+    to the library loggers that exist at set-up, so a library that configures itself
+    later (ray.init, transformers' first get_logger) cannot add a plain-text handler."""
+
+    @property  # type: ignore[override]
+    def propagate(self) -> bool:
+        return True if _is_library(self.name) else self.__dict__.get("_propagate", True)
+
+    @propagate.setter
+    def propagate(self, value: bool) -> None:
+        self.__dict__["_propagate"] = value
+
+    def addHandler(self, hdlr: logging.Handler) -> None:  # noqa: N802 - logging's name
+        if _is_library(self.name) and not isinstance(hdlr.formatter, JsonFormatter):
+            return
+        super().addHandler(hdlr)
+
+
+def _adopt(logger: logging.Logger) -> None:
+    if type(logger) is logging.Logger:
+        logger.__class__ = _RoutedLogger  # a subclass without state of its own
+    for handler in list(logger.handlers):
+        if not isinstance(handler.formatter, JsonFormatter):
+            logger.removeHandler(handler)
+    logger.propagate = True
+
+
+def adopt_library_loggers() -> None:
+    """Routes every library logger that exists now through the root (see _RoutedLogger)."""
+    logging.setLoggerClass(_RoutedLogger)
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name)  # created now with the routed class, if not there yet
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger) and _is_library(name):
+            _adopt(logger)
+
+
+def _log_uncaught(kind: type[BaseException], value: BaseException,
+                  tb: TracebackType | None, thread: str | None = None) -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, value, tb)
+        return
+    logging.getLogger("rlfleet.uncaught").critical(
+        "uncaught exception%s: %s", f" in thread {thread}" if thread else "", value,
+        exc_info=(kind, value, tb))
+
+
+def _thread_hook(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit:
+        return
+    _log_uncaught(args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback,
+                  args.thread.name if args.thread else None)
+
+
+def _no_progress_bars() -> None:
+    # Read when huggingface_hub / transformers are imported (and inherited by the processes
+    # this one starts, e.g. Ray workers); a library imported already is told directly.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    hf_logging = sys.modules.get("transformers.utils.logging")
+    if hf_logging is not None:
+        hf_logging.disable_progress_bar()
+    elif "huggingface_hub" in sys.modules:
+        sys.modules["huggingface_hub"].utils.disable_progress_bars()
+
+
 def setup_logging(service: str, level: str = "INFO") -> None:
-    """Routes the root logger to stderr as JSON lines. Safe to call more than once."""
+    """Routes the root logger to stderr as JSON lines, with warnings, library loggers and
+    uncaught exceptions. Safe to call more than once (again after a library such as Ray
+    has configured itself)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    logging.captureWarnings(True)
+    adopt_library_loggers()
+    if not sys.stderr.isatty():
+        _no_progress_bars()
+    sys.excepthook = _log_uncaught
+    threading.excepthook = _thread_hook

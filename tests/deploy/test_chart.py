@@ -423,10 +423,10 @@ def test_dashboard_configmap_has_every_panel(render) -> None:
     exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
     for metric in (
         "rlfleet_learner_reward_mean",
-        "rlfleet_learner_eval_solve_rate",
+        "rlfleet_learner_eval_solve_ratio",
         "rlfleet_rollout_trajectories_total",
         "rlfleet_rollout_tokens_total",
-        "rlfleet_learner_staleness",
+        "rlfleet_learner_staleness_versions",
         "rlfleet_sync_publish_to_live_seconds_bucket",
         "rlfleet_rollout_adapter_version",
         "rlfleet_rollout_active_episodes",
@@ -441,7 +441,7 @@ def test_dashboard_configmap_has_every_panel(render) -> None:
     assert "histogram_quantile(0.95" in exprs
     # The solve-rate panel keeps the eval and held-out sets apart, one series each.
     for s in ("eval", "heldout"):
-        assert f'rlfleet_learner_eval_solve_rate{{namespace=~"$namespace", set="{s}"}}' in exprs
+        assert f'rlfleet_learner_eval_solve_ratio{{namespace=~"$namespace", set="{s}"}}' in exprs
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
 

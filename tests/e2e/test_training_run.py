@@ -16,6 +16,7 @@ from rlfleet.fleet import ReplicaDirectory, connect
 from rlfleet.storage import RunsRoot, latest_complete_checkpoint, list_versions
 from tests import factories
 from tests.factories import NO_EVAL, SFT
+from tests.unit.test_learner_tensorboard import expected_scalars, read_event_scalars
 
 # the shipped SFT policy sampled hot (T = 3), in short episodes
 SHORT_EPISODES = {"groups_per_step": 2, "group_size": 4, "max_turns": 4, "temperature": 3.0}
@@ -53,9 +54,17 @@ def test_a_short_training_run(stack: LocalStack, tmp_path: Path) -> None:
     proc = learner(config, "--summary", str(tmp_path / "summary.json"))
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out
-    assert "[step    3/3]" in out and "[eval step    0]" in out and "[eval step    3]" in out
-    events = [json.loads(line) for line in
-              (stack.runs_root / "e2e" / "metrics.jsonl").read_text().splitlines()]
+    # its output is JSON lines only (not a terminal): a line per step and per eval
+    logged = [json.loads(line) for line in out.splitlines() if line.strip()]
+    assert [d["step"] for d in logged if d["msg"] == "step"] == [1, 2, 3]
+    assert [d["step"] for d in logged if d["msg"] == "eval"] == [0, 3]
+    metrics = stack.runs_root / "e2e" / "metrics.jsonl"
+    events = [json.loads(line) for line in metrics.read_text().splitlines()]
+    # TensorBoard event files beside metrics.jsonl, with its numbers per step and eval
+    tensorboard = read_event_scalars(metrics.parent)
+    assert {k: v for k, (v, _) in tensorboard.items()} == pytest.approx(
+        expected_scalars(metrics))
+    assert ("step/reward_mean", 3) in tensorboard
     steps = [e for e in events if e["event"] == "step"]
     assert [s["step"] for s in steps] == [1, 2, 3]
     trained = [s for s in steps if s["rows"] > 0 and s["grad_norm"] > 0]

@@ -66,8 +66,8 @@ def test_the_example_is_a_standard_rlfleet_service(procs) -> None:
     assert detour.solved and detour.reward == pytest.approx(n / (n + 2))
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
                                      timeout=10).read().decode()
-    assert 'rlfleet_grpc_requests_total{code="OK",grpc_service="rlfleet.v1.RewardService",' \
-           'method="Score"}' in metrics
+    assert 'rlfleet_grpc_requests_total{grpc_code="OK",grpc_method="Score",' \
+           'grpc_service="rlfleet.v1.RewardService"}' in metrics
     proc.popen.send_signal(signal.SIGTERM)
     assert proc.popen.wait(30) == 0
     log = proc.log_path.read_text()

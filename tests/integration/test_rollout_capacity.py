@@ -46,7 +46,8 @@ def total(name: str, **labels: str) -> float:
 
 def refusals() -> float:
     """RESOURCE_EXHAUSTED answers to RolloutGroup, as the servers' interceptor counts them."""
-    return total("rlfleet_grpc_requests", method="RolloutGroup", code="RESOURCE_EXHAUSTED")
+    return total("rlfleet_grpc_requests", grpc_method="RolloutGroup",
+                 grpc_code="RESOURCE_EXHAUSTED")
 
 
 def retries() -> float:
@@ -286,7 +287,7 @@ def test_a_shared_full_replica_is_backed_off_and_retried_quietly(replicas, redis
     delivered_once(requests, results)
     n_refused, n_retried = refusals() - refused, retries() - retried
     assert n_refused == n_retried >= 4
-    assert total("rlfleet_pool_group_retries", code="RESOURCE_EXHAUSTED") >= n_retried
+    assert total("rlfleet_pool_group_retries", grpc_code="RESOURCE_EXHAUSTED") >= n_retried
     loud = [r for r in caplog.records if r.name == "rlfleet.clients.rollout_pool"
             and r.levelno >= logging.INFO and getattr(r, "code", "") == "RESOURCE_EXHAUSTED"]
     assert len(loud) <= len(requests)  # once per group, not once per refusal

@@ -121,8 +121,8 @@ def test_redis_full_publish_is_retried_and_replicas_stay(fleet: Fleet, caplog) -
                lambda: time.monotonic() - full_at > 2 * HEARTBEAT_TTL_S, timeout_s=60)
     assert not published and announcer.is_alive()
     unavailable = metric_value(fleet.sync.extra["metrics_port"], "rlfleet_grpc_requests_total",
-                               'code="UNAVAILABLE",grpc_service="rlfleet.v1.SyncService",'
-                               'method="Publish"')
+                               'grpc_code="UNAVAILABLE",grpc_method="Publish",'
+                               'grpc_service="rlfleet.v1.SyncService"')
     assert unavailable >= 3
 
     # room again: delete the junk (DEL is allowed while full) and lift the cap

@@ -38,8 +38,9 @@ def refused(port: int) -> float:
     """RESOURCE_EXHAUSTED answers to RolloutGroup, as the replica's own metrics count them."""
     n = 0.0
     for line in metrics_text(port).splitlines():
-        if line.startswith("rlfleet_grpc_requests_total{") and 'method="RolloutGroup"' in line \
-                and 'code="RESOURCE_EXHAUSTED"' in line:
+        if line.startswith("rlfleet_grpc_requests_total{") \
+                and 'grpc_method="RolloutGroup"' in line \
+                and 'grpc_code="RESOURCE_EXHAUSTED"' in line:
             n += float(line.rsplit(" ", 1)[1])
         elif line.startswith("rlfleet_rollout_groups_refused_total{"):
             n += float(line.rsplit(" ", 1)[1])

@@ -109,7 +109,8 @@ def test_health_and_metrics(server) -> None:
     assert check(srv.address, SERVICE) == "SERVING"
     RpcClient(srv.address).call(env_pb2_grpc.EnvServiceStub, "Open", open_request())
     text = urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics").read().decode()
-    assert 'rlfleet_grpc_requests_total{code="OK",grpc_service="rlfleet.v1.EnvService"' in text
+    assert ('rlfleet_grpc_requests_total{grpc_code="OK",grpc_method="Open",'
+            'grpc_service="rlfleet.v1.EnvService"}') in text
 
 
 def test_auth_token_required_but_probes_open() -> None:

@@ -65,7 +65,7 @@ from rlfleet.v1 import rollout_pb2, rollout_pb2_grpc
 log = logging.getLogger(__name__)
 
 GROUP_RETRIES = Counter("rlfleet_pool_group_retries_total", "groups re-sent to another replica",
-                        ["code"])
+                        ["grpc_code"])
 DUPLICATES = Counter("rlfleet_pool_duplicate_trajectories_total",
                      "trajectories dropped because their index already arrived")
 WAITING = Gauge("rlfleet_pool_waiting_groups",

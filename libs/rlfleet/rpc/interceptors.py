@@ -1,5 +1,5 @@
 """Server interceptors: shared-token auth, a bound on how long a call may wait for its
-request, error mapping and Prometheus metrics.
+request, error mapping, Prometheus metrics, and one log line per failed call.
 
 grpc runs interceptors on the server's polling thread when a call's headers arrive, before
 its body; the handler they return runs on a worker thread. Two consequences shape this
@@ -33,15 +33,17 @@ from rlfleet.rpc.errors import InvalidArgument, RpcError
 log = logging.getLogger(__name__)
 
 RPC_REQUESTS = Counter(
-    "rlfleet_grpc_requests_total", "gRPC requests handled", ["grpc_service", "method", "code"]
+    "rlfleet_grpc_requests_total", "gRPC requests handled, by final status code",
+    ["grpc_service", "grpc_method", "grpc_code"],
 )
 REQUEST_TIMEOUTS = Counter(
     "rlfleet_grpc_request_timeouts_total",
-    "calls ended with DEADLINE_EXCEEDED because their request did not arrive in time", [])
+    "calls ended with DEADLINE_EXCEEDED because their request did not arrive in time",
+    ["grpc_service", "grpc_method"])
 RPC_LATENCY = Histogram(
     "rlfleet_grpc_request_seconds",
-    "gRPC handling time",
-    ["grpc_service", "method"],
+    "gRPC handling time in seconds",
+    ["grpc_service", "grpc_method"],
     buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 2, 10, 60, 300),
 )
 
@@ -56,6 +58,35 @@ UNAUTHENTICATED_SERVICES = (
 def _split(method: str) -> tuple[str, str]:
     _, service, name = method.split("/", 2) if method.count("/") >= 2 else ("", "?", method)
     return service, name
+
+
+# How loud a failed call is: the server's own failures are errors, a caller that went away
+# is routine, anything else (a refused or bad request, a peer down) a warning.
+_ERROR_CODES = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+                          grpc.StatusCode.DATA_LOSS})
+
+
+def log_failed_call(service: str, method: str, code: grpc.StatusCode, details: str,
+                    seconds: float | None = None, exc: BaseException | None = None) -> None:
+    """The one log line of a call that ended with `code` != OK (the traceback with it for
+    an unhandled error). Every path that ends a call with a status passes here once."""
+    level = (logging.ERROR if code in _ERROR_CODES
+             else logging.INFO if code is grpc.StatusCode.CANCELLED else logging.WARNING)
+    extra: dict[str, Any] = {"grpc_service": service, "grpc_method": method,
+                             "grpc_code": code.name, "details": details}
+    if seconds is not None:
+        extra["seconds"] = round(seconds, 4)
+    if exc is not None:
+        log.log(level, "unhandled error in %s/%s", service, method, extra=extra,
+                exc_info=(type(exc), exc, exc.__traceback__))
+    else:
+        log.log(level, "rpc failed: %s/%s %s", service, method, code.name, extra=extra)
+
+
+def _details(context: grpc.ServicerContext) -> str:
+    details = getattr(context, "details", None)
+    value = details() if callable(details) else None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value or "")
 
 
 class MalformedRequest:
@@ -137,6 +168,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return None
         service, name = _split(method)
         RPC_REQUESTS.labels(service, name, grpc.StatusCode.UNAUTHENTICATED.name).inc()
+        log_failed_call(service, name, grpc.StatusCode.UNAUTHENTICATED,
+                        "missing or wrong auth token")
         return refusal(handler, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong auth token")
 
 
@@ -159,9 +192,12 @@ class RequestReaper:
                                         daemon=True)
         self._thread.start()
 
-    def wait_for(self, context: grpc.ServicerContext, receive: Callable[[], Any]) -> Any:
-        """`receive()` (a blocking read of one request message), cut off at the bound."""
-        entry = [time.monotonic() + self.bound_s, context, False]  # deadline, call, done
+    def wait_for(self, context: grpc.ServicerContext, receive: Callable[[], Any],
+                 method: str = "") -> Any:
+        """`receive()` (a blocking read of one request message of the call to `method`, a
+        full method name), cut off at the bound."""
+        entry = [time.monotonic() + self.bound_s, context, False, method]  # deadline, call,
+        # done, method
         with self._cond:
             self._waits.append(entry)
             if len(self._waits) == 1:
@@ -191,10 +227,13 @@ class RequestReaper:
             context = entry[1]
             if context is not None and not entry[2]:
                 self.expired += 1
-                REQUEST_TIMEOUTS.inc()
-                _cancel(context, grpc.StatusCode.DEADLINE_EXCEEDED,
-                        f"the request did not arrive within {self.bound_s:g}s of the call's "
-                        "headers")
+                service, method = _split(entry[3])
+                REQUEST_TIMEOUTS.labels(service, method).inc()
+                details = (f"the request did not arrive within {self.bound_s:g}s of the "
+                           "call's headers")
+                log_failed_call(service, method, grpc.StatusCode.DEADLINE_EXCEEDED, details,
+                                self.bound_s)
+                _cancel(context, grpc.StatusCode.DEADLINE_EXCEEDED, details)
 
     def stop(self) -> None:
         with self._cond:
@@ -219,16 +258,17 @@ class _Bounded:
     """A request iterator whose every read waits at most the reaper's bound."""
 
     def __init__(self, iterator: Iterator[Any], context: grpc.ServicerContext,
-                 reaper: RequestReaper) -> None:
+                 reaper: RequestReaper, method: str) -> None:
         self._it = iterator
         self._context = context
         self._reaper = reaper
+        self._method = method
 
     def __iter__(self) -> _Bounded:
         return self
 
     def __next__(self) -> Any:
-        return self._reaper.wait_for(self._context, lambda: next(self._it))
+        return self._reaper.wait_for(self._context, lambda: next(self._it), self._method)
 
 
 class RequestBoundInterceptor(grpc.ServerInterceptor):
@@ -244,12 +284,13 @@ class RequestBoundInterceptor(grpc.ServerInterceptor):
         if handler is None:
             return None
         reaper = self.reaper
+        method = handler_call_details.method
         deserialize = handler.request_deserializer
         if handler.request_streaming:
             behaviour = handler.stream_stream or handler.stream_unary
 
             def streaming(request_iterator: Any, context: grpc.ServicerContext) -> Any:
-                return behaviour(_Bounded(request_iterator, context, reaper), context)
+                return behaviour(_Bounded(request_iterator, context, reaper, method), context)
 
             make = (grpc.stream_stream_rpc_method_handler if handler.response_streaming
                     else grpc.stream_unary_rpc_method_handler)
@@ -260,13 +301,15 @@ class RequestBoundInterceptor(grpc.ServerInterceptor):
         def first(request_iterator: Any, context: grpc.ServicerContext) -> Any:
             """The one request message; otherwise the call ends here (abort raises)."""
             try:
-                return reaper.wait_for(context, lambda: next(request_iterator))
+                return reaper.wait_for(context, lambda: next(request_iterator), method)
             except (StopIteration, grpc.RpcError):
                 pass  # no message: the call ended (cut off, cancelled, too large) or the
                 # client closed its side without sending one
             if context.is_active():
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              "the call requires exactly one request message")
+                details = "the call requires exactly one request message"
+                log_failed_call(*_split(method), grpc.StatusCode.INVALID_ARGUMENT, details)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, details)
+            # ended already: the reaper logged its cut-off; a caller that left is not news
             context.abort(grpc.StatusCode.CANCELLED, "the call ended before its request")
 
         if handler.response_streaming:
@@ -288,8 +331,9 @@ class RequestBoundInterceptor(grpc.ServerInterceptor):
 
 
 class ErrorsAndMetricsInterceptor(grpc.ServerInterceptor):
-    """Maps RpcError to its status code, hides internal errors behind INTERNAL (logged with
-    the traceback), and counts every call by method and final code."""
+    """Maps RpcError to its status code, hides internal errors behind INTERNAL, counts
+    every call by method and final code, and logs each failed call once (an unhandled
+    error with its traceback)."""
 
     def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001
         handler = continuation(handler_call_details)
@@ -297,19 +341,27 @@ class ErrorsAndMetricsInterceptor(grpc.ServerInterceptor):
             return None
         service, method = _split(handler_call_details.method)
 
-        def record(start: float, code: grpc.StatusCode) -> None:
-            RPC_LATENCY.labels(service, method).observe(time.perf_counter() - start)
+        def record(start: float, code: grpc.StatusCode, details: str = "",
+                   exc: BaseException | None = None) -> None:
+            seconds = time.perf_counter() - start
+            RPC_LATENCY.labels(service, method).observe(seconds)
             RPC_REQUESTS.labels(service, method, code.name).inc()
+            if code is not grpc.StatusCode.OK:
+                log_failed_call(service, method, code, details, seconds, exc)
 
         def reject_malformed(request: Any, context: grpc.ServicerContext) -> None:
             if isinstance(request, MalformedRequest):
                 raise InvalidArgument(f"malformed request: cannot parse message ({request.error})")
 
-        def fail(exc: Exception, context: grpc.ServicerContext) -> None:
+        def fail(exc: Exception, start: float, context: grpc.ServicerContext) -> None:
+            """Records the call and aborts it with the status `exc` stands for."""
             if isinstance(exc, RpcError):
-                context.abort(exc.code, bounded_details(exc.message))
-            log.exception("unhandled error in %s/%s", service, method)
-            context.abort(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})")
+                details = bounded_details(exc.message)
+                record(start, exc.code, details)
+                context.abort(exc.code, details)
+            details = f"internal error ({type(exc).__name__})"
+            record(start, grpc.StatusCode.INTERNAL, details, exc)
+            context.abort(grpc.StatusCode.INTERNAL, details)
 
         def final_code(context: grpc.ServicerContext) -> grpc.StatusCode:
             code = context.code()
@@ -317,20 +369,23 @@ class ErrorsAndMetricsInterceptor(grpc.ServerInterceptor):
 
         def on_error(exc: Exception, start: float, context: grpc.ServicerContext) -> None:
             """Records the call and turns the exception into a status; always raises."""
-            if isinstance(exc, grpc.RpcError):
+            peer_failed = isinstance(exc, RpcError) and exc.peer is not None  # typed client
+            if isinstance(exc, grpc.RpcError) or peer_failed:
                 if not context.is_active():  # the client went away mid-stream
-                    record(start, grpc.StatusCode.CANCELLED)
+                    record(start, grpc.StatusCode.CANCELLED, "the client went away")
                     raise exc
-                # an outgoing call to a peer failed: this service cannot answer now
-                code = exc.code() if callable(getattr(exc, "code", None)) else None
+                # an outgoing call to a peer failed: this service cannot answer now (never
+                # the peer's own code, as if it were this service's answer)
+                code = exc.code if isinstance(exc, RpcError) else (
+                    exc.code() if callable(getattr(exc, "code", None)) else None)
                 name = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
-                record(start, grpc.StatusCode.UNAVAILABLE)
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"a peer service failed: {name}")
+                details = f"a peer service failed: {name}"
+                record(start, grpc.StatusCode.UNAVAILABLE, details)
+                context.abort(grpc.StatusCode.UNAVAILABLE, details)
             if _is_abort(exc):  # the handler already chose a status
-                record(start, final_code(context))
+                record(start, final_code(context), _details(context))
                 raise exc
-            record(start, exc.code if isinstance(exc, RpcError) else grpc.StatusCode.INTERNAL)
-            fail(exc, context)
+            fail(exc, start, context)
 
         def wrap(behaviour: Callable, streaming: bool) -> Callable:
             if streaming:
@@ -342,7 +397,7 @@ class ErrorsAndMetricsInterceptor(grpc.ServerInterceptor):
                         yield from behaviour(request, context)
                     except Exception as exc:  # noqa: BLE001 - mapped to a status
                         on_error(exc, start, context)
-                    record(start, final_code(context))
+                    record(start, final_code(context), _details(context))
 
                 return stream
 
@@ -353,7 +408,7 @@ class ErrorsAndMetricsInterceptor(grpc.ServerInterceptor):
                     response = behaviour(request, context)
                 except Exception as exc:  # noqa: BLE001 - mapped to a status
                     on_error(exc, start, context)
-                record(start, final_code(context))
+                record(start, final_code(context), _details(context))
                 return response
 
             return unary

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 from rlfleet.cliargs import add_common_args, add_setting
@@ -24,7 +25,9 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         reconciler.tick()  # rebuild from /shared before answering anyone
     except Exception as exc:  # noqa: BLE001 - Redis may come later; the loop retries
-        print(f"ckptsync: initial rebuild failed ({exc!r}); retrying in the background")
+        logging.getLogger(__name__).warning(
+            "initial rebuild from /shared failed; retrying in the background",
+            extra={"error": repr(exc)})
     reconciler.start()
     return serve_forever(server, "ckptsync", on_stop=reconciler.stop)
 

@@ -29,11 +29,11 @@ class FrameCacheCollector:
 
     def collect(self):  # noqa: ANN201
         info = FRAME_CACHE.info()
-        yield CounterMetricFamily("rlfleet_env_frame_cache_hits", "observation frames served "
+        yield CounterMetricFamily("rlfleet_env_frame_cache_hits_total", "observation frames served "
                                   "from the frame cache", value=info.hits)
-        yield CounterMetricFamily("rlfleet_env_frame_cache_misses", "observation frames "
+        yield CounterMetricFamily("rlfleet_env_frame_cache_misses_total", "observation frames "
                                   "rendered and PNG-encoded", value=info.misses)
-        yield CounterMetricFamily("rlfleet_env_frame_cache_evictions", "frames evicted from "
+        yield CounterMetricFamily("rlfleet_env_frame_cache_evictions_total", "frames evicted from "
                                   "the frame cache", value=info.evictions)
         yield GaugeMetricFamily("rlfleet_env_frame_cache_entries", "frames in the frame cache",
                                 value=info.entries)

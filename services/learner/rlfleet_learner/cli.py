@@ -77,6 +77,7 @@ def _run(args: argparse.Namespace) -> int:
     from rlfleet.storage import PathOutsideRunsRoot
     from rlfleet.storage.checkpoints import CheckpointError as DamagedCheckpoint
     from rlfleet_learner.loop import FreshStartRefused, Learner, NoCheckpoint
+    from rlfleet_learner.ray_logs import relay_worker_output
 
     try:
         cfg = learner_config(args.config, os.environ, steps=args.steps, run=args.run)
@@ -88,8 +89,8 @@ def _run(args: argparse.Namespace) -> int:
     received: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
-        print(f"learner: {signal.Signals(signum).name}: finishing or abandoning this step, "
-              "then checkpointing and stopping", flush=True)
+        log.warning("signal received: finishing or abandoning this step, then "
+                    "checkpointing and stopping", extra={"signal": signal.Signals(signum).name})
         received.append(signum)
         stop.set()
 
@@ -114,14 +115,17 @@ def _run(args: argparse.Namespace) -> int:
                  object_store_memory=cfg.ray.object_store_mb * 1024 * 1024,
                  log_to_driver=True, configure_logging=False)
     # ray.init puts its own SIGTERM handler in place (it kills the driver at once, with
-    # the trainers' state unsaved and Ray's agents orphaned): ours goes back on top.
+    # the trainers' state unsaved and Ray's agents orphaned): ours goes back on top; and
+    # may configure Ray's loggers: they go back to the JSON lines.
     install_handlers()
+    setup_logging("learner", args.log_level)
+    relay_worker_output()  # the trainers' output: JSON lines, not Ray's prefixed text
     try:
         learner = Learner(cfg, resume=args.resume, stop=stop)
         summary = learner.run()
     except (NoCheckpoint, PathOutsideRunsRoot, InsufficientCapacity, ConfigError,
             CheckpointError, FreshStartRefused, DamagedCheckpoint) as exc:
-        print(f"rlfleet learner: {exc}", file=sys.stderr)
+        log.error("rlfleet learner: %s", exc, extra={"error": type(exc).__name__})
         return 2
     finally:
         ray.shutdown()
@@ -152,9 +156,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="address of the metrics endpoint (RLFLEET_HOST overrides it)")
     run.add_argument("--summary", default=None, metavar="FILE",
                      help="write the final summary JSON here (default: none)")
-    run.add_argument("--log-level", default="WARNING", type=str.upper,
+    run.add_argument("--log-level", default="INFO", type=str.upper,
                      choices=LOG_LEVELS,
-                     help="log level")
+                     help="log level (INFO: a JSON line per step and eval, and every ~10 s "
+                          "of a wait for replicas or rollouts)")
     run.set_defaults(func=_run)
     from rlfleet_learner.submit import register_remote_commands  # submit/logs/status/stop
     register_remote_commands(p_sub)

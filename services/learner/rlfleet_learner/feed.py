@@ -4,6 +4,7 @@ A ``GroupFeed`` runs group requests through the rollout pool (which spreads them
 replicas within their capacity) and queues each completed group. The learner takes a
 step's groups from the queue; when it is told to stop while waiting, it walks away with
 nothing, and the groups it did not take are never trained (their seeds stay untrained).
+A wait that lasts is logged every `report_s` (groups wanted and in, replicas seen).
 """
 
 from __future__ import annotations
@@ -14,14 +15,17 @@ from collections.abc import Iterable
 
 from rlfleet.clients.rollout_pool import RolloutPool
 from rlfleet.v1 import rollout_pb2
+from rlfleet_learner.reporting import WAIT_REPORT_S, WaitReport, replica_state
 
 Group = tuple[rollout_pb2.GroupRequest, list[rollout_pb2.Trajectory]]
 
 
 class GroupFeed:
     def __init__(self, pool: RolloutPool, requests: Iterable[rollout_pb2.GroupRequest], *,
-                 max_in_flight: int, max_queued: int = 0) -> None:
+                 max_in_flight: int, max_queued: int = 0,
+                 report_s: float = WAIT_REPORT_S) -> None:
         self._pool = pool
+        self._report_s = report_s
         self._requests = requests
         self._max_in_flight = max_in_flight
         self._queue: queue.Queue[Group] = queue.Queue(maxsize=max_queued)
@@ -50,18 +54,23 @@ class GroupFeed:
     def take(self, n: int, stop: threading.Event) -> list[Group] | None:
         """The next ``n`` completed groups, or None if ``stop`` is set first."""
         out: list[Group] = []
-        while len(out) < n:
-            if stop.is_set():
-                return None
-            try:
-                out.append(self._queue.get(timeout=0.2))
-                continue
-            except queue.Empty:
-                pass
-            if self._error is not None:
-                raise RuntimeError(f"rollouts failed: {self._error}") from self._error
-            if self._done.is_set() and self._queue.empty():
-                raise RuntimeError(f"the rollout feed ended after {len(out)} of {n} groups")
+        report = WaitReport(f"{n} rollout group(s)", lambda: {
+            "groups_wanted": n, "groups_received": len(out),
+            **replica_state(self._pool)}, self._report_s)
+        with report:
+            while len(out) < n:
+                if stop.is_set():
+                    return None
+                try:
+                    out.append(self._queue.get(timeout=0.2))
+                    continue
+                except queue.Empty:
+                    pass
+                if self._error is not None:
+                    raise RuntimeError(f"rollouts failed: {self._error}") from self._error
+                if self._done.is_set() and self._queue.empty():
+                    raise RuntimeError(
+                        f"the rollout feed ended after {len(out)} of {n} groups")
         return out
 
     def close(self) -> None:

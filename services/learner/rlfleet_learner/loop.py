@@ -8,7 +8,8 @@ older than that are dropped and counted).
 A step is all or nothing: a stop while its rollouts are still coming abandons it (no
 update, no publish, its seeds stay untrained); once the update has begun the step
 finishes. Each phase is timed (rollout wait, scoring, update, publish, eval) and the
-times go to metrics.jsonl, the step's printed line and the Prometheus histogram.
+times go to metrics.jsonl (and the run's TensorBoard event files beside it), the step's
+log line and the Prometheus histogram.
 """
 
 from __future__ import annotations
@@ -46,15 +47,19 @@ from rlfleet_learner.cursor import SeedCursor
 from rlfleet_learner.evaluation import evaluate
 from rlfleet_learner.feed import Group, GroupFeed
 from rlfleet_learner.publisher import AdapterPublisher
+from rlfleet_learner.reporting import WaitReport, replica_state, report_progress
 from rlfleet_learner.requests import sampling_seed, train_group
 from rlfleet_learner.samples import build_rows, segment_rows, trajectory_sample
+from rlfleet_learner.tensorboard import TensorBoardLog
 from rlfleet_learner.workers import TrainerGroup
 
 log = logging.getLogger(__name__)
 
 REWARD_MEAN = Gauge("rlfleet_learner_reward_mean", "mean reward of the step's trajectories")
-EVAL_SOLVE = Gauge("rlfleet_learner_eval_solve_rate", "greedy true solve rate", ["set"])
-STALENESS = Gauge("rlfleet_learner_staleness", "largest adapter lag among trained trajectories")
+EVAL_SOLVE = Gauge("rlfleet_learner_eval_solve_ratio",
+                   "fraction of the set's episodes truly solved, greedy", ["set"])
+STALENESS = Gauge("rlfleet_learner_staleness_versions",
+                  "largest adapter lag among trained trajectories, in versions")
 STEP = Gauge("rlfleet_learner_step", "optimizer steps taken")
 VERSION = Gauge("rlfleet_learner_adapter_version", "latest adapter version published")
 # The update's own numbers, from the step's loss statistics (0 on a step with no update).
@@ -113,6 +118,7 @@ class Learner:
         self.run_dir = self.root.run_dir(cfg.run)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.root.metrics_path(cfg.run)
+        self.tensorboard = TensorBoardLog(self.run_dir)  # the same scalars, for TensorBoard
         # The fleet's token (an empty one refuses to start; without one, auth must be off
         # explicitly: RLFLEET_AUTH=none) and TLS options (RLFLEET_TLS_*, as the services);
         # the pool checks the Redis password now (FleetAuthError: one clear error).
@@ -192,6 +198,7 @@ class Learner:
     def _event(self, kind: str, **fields: object) -> dict:
         doc = {"event": kind, "time": round(time.time(), 3), **fields}
         append_json_line(self.metrics_path, doc)  # whole lines only, even on a full disk
+        self.tensorboard.write(doc)
         return doc
 
     # -- publishing ------------------------------------------------------------------
@@ -205,8 +212,12 @@ class Learner:
         self.state.version = published.version
         VERSION.set(published.version)
         if self.cfg.mode == "sync":
-            return self.publisher.wait_live(published.version, self.cfg.fleet.min_replicas,
-                                            self.cfg.fleet.sync_timeout_s)
+            wanted = self.cfg.fleet.min_replicas
+            with WaitReport(f"{wanted} replica(s) to serve adapter version "
+                            f"{published.version}",
+                            lambda: replica_state(self.pool, wanted, published.version)):
+                return self.publisher.wait_live(published.version, wanted,
+                                                self.cfg.fleet.sync_timeout_s)
         return 0.0
 
     # -- rollouts --------------------------------------------------------------------
@@ -258,7 +269,12 @@ class Learner:
         line = "  ".join(f"{k} solve {100 * v['solve_rate']:.1f}%±{100 * v['solve_rate_se']:.1f}"
                          f" pass@1 {100 * v['pass_at_1']:.1f}% turns {v['mean_turns']:.1f}"
                          for k, v in result.items())
-        print(f"[eval step {self.state.step:>4}] {line}  ({seconds:.1f}s)", flush=True)
+        report_progress("eval", {
+            "step": self.state.step, "version": self.state.version,
+            "seconds": round(seconds, 2),
+            **{f"{name}_{k}": v for name, summary in result.items()
+               for k, v in summary.items()}},
+            lambda: f"[eval step {self.state.step:>4}] {line}  ({seconds:.1f}s)")
         return doc
 
     # -- the loop --------------------------------------------------------------------
@@ -268,9 +284,12 @@ class Learner:
         keeps in flight, once ``min_replicas`` replicas are live (or the sync timeout)."""
         cfg = self.cfg
         deadline = time.monotonic() + cfg.fleet.sync_timeout_s
-        while len(self.pool.replicas()) < cfg.fleet.min_replicas and \
-                time.monotonic() < deadline and not self.stop.is_set():
-            time.sleep(0.5)
+        wanted = cfg.fleet.min_replicas
+        with WaitReport(f"{wanted} live rollout replica(s)",
+                        lambda: replica_state(self.pool, wanted)):
+            while len(self.pool.replicas()) < wanted and \
+                    time.monotonic() < deadline and not self.stop.is_set():
+                time.sleep(0.5)
         self.pool.check_fits(cfg.data.group_size, cfg.fleet.max_groups_in_flight, wait_s=1.0)
 
     def run(self) -> dict:
@@ -382,14 +401,15 @@ class Learner:
         GRAD_NORM.set(doc["grad_norm"])
         for phase, seconds in phases.items():
             STEP_SECONDS.labels(phase).observe(seconds)
-        print(f"[step {self.state.step:>4}/{self.cfg.steps}] reward {doc['reward_mean']:.3f} "
-              f"solved {100 * doc['solve_rate_sampled']:.0f}% turns {doc['mean_turns']:.1f} "
-              f"signal {signal}/{len(trajectories)} (zero-var groups "
-              f"{batch.num_zero_variance_groups}, stale {batch.num_stale}) "
-              f"rows {len(rows)} (fwd {doc['forward_rows']}) "
-              f"loss {doc.get('loss_loss', 0):+.4f} | "
-              + " ".join(f"{phase} {seconds:.1f}s" for phase, seconds in phases.items())
-              + f" | {doc['signal_per_min']:.0f} signal traj/min", flush=True)
+        report_progress("step", {**doc, "steps": self.cfg.steps}, lambda: (
+            f"[step {self.state.step:>4}/{self.cfg.steps}] reward {doc['reward_mean']:.3f} "
+            f"solved {100 * doc['solve_rate_sampled']:.0f}% turns {doc['mean_turns']:.1f} "
+            f"signal {signal}/{len(trajectories)} (zero-var groups "
+            f"{batch.num_zero_variance_groups}, stale {batch.num_stale}) "
+            f"rows {len(rows)} (fwd {doc['forward_rows']}) "
+            f"loss {doc.get('loss_loss', 0):+.4f} | "
+            + " ".join(f"{phase} {seconds:.1f}s" for phase, seconds in phases.items())
+            + f" | {doc['signal_per_min']:.0f} signal traj/min"))
         return True
 
     def _calibrate(self, rows: list, trajectories: list, phases: dict[str, float]) -> dict:
@@ -415,10 +435,11 @@ class Learner:
             rollout_tokens_per_s=rollout_tokens / max(phases["rollout"], 1e-9),
             bare_forward_tokens_per_s=rollout_tokens / max(bare_rollout_s, 1e-9),
             rollout_vs_bare=bare_rollout_s / max(phases["rollout"], 1e-9))
-        print(f"[calibration step {self.state.step}] update {doc['update_vs_bare']:.2f}x the "
-              f"bare forward+backward ({doc['update_tokens_per_s']:.0f} vs "
-              f"{doc['bare_forward_backward_tokens_per_s']:.0f} tok/s), rollout "
-              f"{doc['rollout_vs_bare']:.2f}x the bare batched forward "
-              f"({doc['rollout_tokens_per_s']:.0f} vs {doc['bare_forward_tokens_per_s']:.0f}"
-              " tok/s)", flush=True)
+        report_progress("calibration", doc, lambda: (
+            f"[calibration step {self.state.step}] update {doc['update_vs_bare']:.2f}x the "
+            f"bare forward+backward ({doc['update_tokens_per_s']:.0f} vs "
+            f"{doc['bare_forward_backward_tokens_per_s']:.0f} tok/s), rollout "
+            f"{doc['rollout_vs_bare']:.2f}x the bare batched forward "
+            f"({doc['rollout_tokens_per_s']:.0f} vs {doc['bare_forward_tokens_per_s']:.0f}"
+            " tok/s)"))
         return doc

@@ -32,7 +32,7 @@ from rlfleet.engines.base import Engine, Generation, GenerationRequest, Sampling
 
 GENERATE_SECONDS = Histogram("rlfleet_rollout_generate_seconds", "engine time per batch",
                              buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))
-BATCH_SIZE = Histogram("rlfleet_rollout_batch_size", "requests per engine batch",
+BATCH_SIZE = Histogram("rlfleet_rollout_batch_requests", "requests per engine batch",
                        buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
 TOKENS = Counter("rlfleet_rollout_tokens_total", "tokens generated")
 
