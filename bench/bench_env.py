@@ -25,13 +25,13 @@ import urllib.request
 from collections.abc import Callable
 
 from bench.common import RESULTS, timed, write_results
+from rlfleet.clients.env import EnvClient
 from rlfleet.local.procs import ProcessGroup, free_port, rlfleet_argv
 from rlfleet.maze.episode import MazeEpisode
 from rlfleet.maze.generate import generate_layout
 from rlfleet.maze.render import FRAME_CACHE, encode_frame, render_frame
 from rlfleet.maze.tasks import TRAIN_SEED_BASE, new_episode
-from rlfleet.rpc.client import RpcClient
-from rlfleet.v1 import env_pb2, env_pb2_grpc
+from rlfleet.v1 import common_pb2, env_pb2
 
 MOVES = ["('move', 0)", "('move', 1)", "('move', 2)", "('move', 3)"]
 BATCH = 256
@@ -40,7 +40,6 @@ TARGET_STEPS_PER_S = 3000.0  # through gRPC, batch 256, with images
 UPSTREAM_IN_PROCESS = 3013.0  # VisGym maze_2d in-process step+render on these machines
 SHAPES = ((7, 16), (9, 25))  # (maze size, cell_px), alternating over the batch
 MIN_TIME_S = 3.0
-Env = env_pb2_grpc.EnvServiceStub
 
 
 _next_cursor = 0  # training-seed cursor shared by all cases
@@ -124,42 +123,40 @@ def _scrape(metrics_port: int) -> dict[str, float]:
         r"^(rlfleet_env_frame_cache_(\w+?)(?:_total)?) ([0-9.e+-]+)$", text.decode(), re.M)}
 
 
-def bench_grpc(client: RpcClient, metrics_port: int, batch: int, image: bool,
+def bench_grpc(client: EnvClient, metrics_port: int, batch: int, image: bool,
                group: int) -> tuple[float, float]:
     """(steps/s, frame cache hit rate) through the service; Open/Close of replacement
     episodes included in the time."""
     w = Workload(group)
 
-    def specs(n: int) -> list[dict]:
+    def specs(n: int) -> list[common_pb2.TaskSpec]:
         out = []
         for _ in range(n):
             seed, size, cell_px = w.next_task()
-            out.append({"task": "maze_2d", "seed": seed, "size": size,
-                        "render": {"cell_px": cell_px}})
+            out.append(common_pb2.TaskSpec(task="maze_2d", seed=seed, size=size,
+                                           render=common_pb2.RenderOptions(cell_px=cell_px)))
         return out
 
     def open_(n: int) -> list[str]:
-        reply = client.call(Env, "Open", env_pb2.OpenRequest(tasks=specs(n),
-                                                             include_image=image))
-        return [e.episode_id for e in reply.episodes]
+        return [e.episode_id for e in client.open(specs(n), include_image=image)]
 
     live = open_(batch)
     before = _scrape(metrics_port)
 
     def step() -> int:
         nonlocal live
-        reply = client.call(Env, "Step", env_pb2.StepRequest(
-            actions=[{"episode_id": i, "text": w.move()} for i in live], include_image=image))
-        done = [r.episode_id for r in reply.results if r.observation.done]
+        results = client.step([env_pb2.Action(episode_id=i, text=w.move()) for i in live],
+                              include_image=image)
+        done = [r.episode_id for r in results if r.observation.done]
         if done:
-            client.call(Env, "Close", env_pb2.CloseRequest(episode_ids=done))
+            client.close_episodes(done)
             finished = set(done)
             live = [i for i in live if i not in finished] + open_(len(done))
-        return len(reply.results)
+        return len(results)
 
     rate = _run_for(step, MIN_TIME_S)
     after = _scrape(metrics_port)
-    client.call(Env, "Close", env_pb2.CloseRequest(episode_ids=live))
+    client.close_episodes(live)
     w.finish()
     hits = after["hits"] - before["hits"]
     lookups = hits + after["misses"] - before["misses"]
@@ -192,7 +189,7 @@ def main() -> None:
         group.start_service("env", rlfleet_argv("env", "serve", "--port", str(port),
                                                 "--metrics-port", str(metrics_port),
                                                 "--insecure-no-auth"), address)
-        client = RpcClient(address, timeout_s=120)
+        client = EnvClient(address, timeout_s=120)
         cases = [(1, True, 1), (1, False, 1), (BATCH, True, 1), (BATCH, False, 1),
                  (BATCH, True, GROUP)]
         for batch, image, per_maze in cases:

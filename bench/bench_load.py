@@ -18,17 +18,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from bench.common import RESULTS, write_results
+from rlfleet.clients.env import EnvClient
+from rlfleet.clients.rollout import RolloutClient
 from rlfleet.clients.rollout_pool import RolloutPool
 from rlfleet.local.procs import ProcessGroup, free_port, rlfleet_argv
 from rlfleet.local.redis import start_redis
-from rlfleet.rpc.client import RpcClient
+from rlfleet.rpc.errors import RpcError
 from rlfleet.rpc.health import check
-from rlfleet.v1 import common_pb2, env_pb2, env_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from rlfleet.v1 import common_pb2, env_pb2, rollout_pb2
 
-Env = env_pb2_grpc.EnvServiceStub
 MOVES = ["('move', 0)", "('move', 1)", "('move', 2)", "('move', 3)"]
 WINDOW_S = 8.0
 BACKOFF_S = 0.02  # a caller told RESOURCE_EXHAUSTED waits this long before trying again
@@ -51,8 +50,8 @@ def run_load(worker: Callable[[int], Callable[[], None]], concurrency: int,
             try:
                 op()
                 code = "OK"
-            except grpc.RpcError as err:
-                code = err.code().name
+            except RpcError as err:
+                code = err.code.name
             dt = time.perf_counter() - t0
             if code == "RESOURCE_EXHAUSTED":
                 time.sleep(BACKOFF_S)  # as a well-behaved client does; no tight spin
@@ -87,20 +86,19 @@ def env_worker(address: str) -> Callable[[int], Callable[[], None]]:
     when done: the env service's hot path."""
 
     def make(i: int) -> Callable[[], None]:
-        client = RpcClient(address, timeout_s=30, max_attempts=1)
+        client = EnvClient(address, timeout_s=30, max_attempts=1)
         spec = common_pb2.TaskSpec(task="maze_2d", seed=1_000_000 + i, max_turns=1000)
         state = {"id": "", "n": 0}
 
         def op() -> None:
             if not state["id"]:
-                state["id"] = client.call(Env, "Open", env_pb2.OpenRequest(
-                    tasks=[spec])).episodes[0].episode_id
+                state["id"] = client.open([spec])[0].episode_id
             state["n"] += 1
-            result = client.call(Env, "Step", env_pb2.StepRequest(
-                actions=[env_pb2.Action(episode_id=state["id"], text=MOVES[state["n"] % 4])],
-                include_image=True)).results[0]
+            result = client.step(
+                [env_pb2.Action(episode_id=state["id"], text=MOVES[state["n"] % 4])],
+                include_image=True)[0]
             if result.observation.done:
-                client.call(Env, "Close", env_pb2.CloseRequest(episode_ids=[state["id"]]))
+                client.close_episodes([state["id"]])
                 state["id"] = ""
 
         return op
@@ -199,9 +197,8 @@ def main() -> None:
         address = replicas[0].address or ""
 
         def replica_worker(i: int) -> Callable[[], None]:
-            client = RpcClient(address, timeout_s=300, max_attempts=1)
-            return lambda: list(client.stream(rollout_pb2_grpc.RolloutServiceStub,
-                                              "RolloutGroup", group_request(3_000_000 + i)))
+            client = RolloutClient(address, timeout_s=300, max_attempts=1)
+            return lambda: client.play(group_request(3_000_000 + i))
 
         r = run_load(replica_worker, 8, WINDOW_S)
         rows.append({"case": "one replica (limit 2 groups), 8 callers", **r})

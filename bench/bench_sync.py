@@ -60,11 +60,11 @@ from typing import Any
 
 from bench.common import RESULTS, print_table, write_results
 from bench.sync_floor import Readers
+from rlfleet.clients.sync import SyncClient
 from rlfleet.local.procs import ProcessGroup
 from rlfleet.local.stack import start_stack
 from rlfleet.policy import ensure_tiny_model, load_policy
 from rlfleet.policy.lora import adapter_files, add_lora, lora_config
-from rlfleet.rpc.client import RpcClient
 from rlfleet.storage import RunsRoot
 from rlfleet.storage.atomic import fsync_file, write_file
 from rlfleet_learner.publisher import AdapterPublisher
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[dict[str, Any]] = []
     cases: list[tuple[str, list[dict[str, Any]], list[dict[str, float]]]] = []
     try:
-        sync = RpcClient(stack.sync_address, timeout_s=620)
+        sync = SyncClient(stack.sync_address, timeout_s=620)
         publisher = AdapterPublisher(root, RUN, "tiny", sync)
         version = 0
         for replicas in counts:

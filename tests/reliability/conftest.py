@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from rlfleet.clients.sync import SyncClient
 from rlfleet.local.procs import Proc, ProcessGroup, free_port, rlfleet_argv
 from rlfleet.local.redis import start_redis
 from rlfleet.rpc import RpcClient
@@ -224,6 +225,11 @@ class Fleet:
         assert self.sync is not None
         return RpcClient(self.sync.address, **{"timeout_s": 30, "token": self.token,
                                                "tls": self.tls, **kwargs})
+
+    def sync_service(self) -> SyncClient:
+        """ckpt-sync's typed client (what the learner's publisher takes)."""
+        assert self.sync is not None
+        return SyncClient(self.sync.address, timeout_s=30, token=self.token, tls=self.tls)
 
     def write_version(self, version: int, seed: int | None = None) -> AdapterManifest:
         """Writes a real adapter version to /shared (what the learner does)."""

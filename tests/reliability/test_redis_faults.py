@@ -108,7 +108,7 @@ def test_redis_full_publish_is_retried_and_replicas_stay(fleet: Fleet, caplog) -
     assert "full" in err.value.details() and "maxmemory" in err.value.details()
 
     # the learner's publisher keeps retrying until Redis has room
-    publisher = AdapterPublisher(fleet.root, fleet.run, "tiny", fleet.sync_client())
+    publisher = AdapterPublisher(fleet.root, fleet.run, "tiny", fleet.sync_service())
     published: list = []
     caplog.set_level(logging.WARNING, logger="rlfleet_learner.publisher")
     files = lora_files(fleet.model_dir, 3)

@@ -120,7 +120,7 @@ def _leftovers(root: RunsRoot, run: str) -> list[str]:
 
 
 def _publisher(fleet: Fleet) -> AdapterPublisher:
-    return AdapterPublisher(fleet.root, fleet.run, "tiny", fleet.sync_client())
+    return AdapterPublisher(fleet.root, fleet.run, "tiny", fleet.sync_service())
 
 
 @pytest.mark.slow

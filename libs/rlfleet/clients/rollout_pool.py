@@ -52,6 +52,7 @@ import grpc
 import redis
 from prometheus_client import Counter, Gauge
 
+from rlfleet.clients.rollout import RolloutClient, TrajectoryStream
 from rlfleet.fleet import (
     ReplicaDirectory,
     connect,
@@ -59,8 +60,17 @@ from rlfleet.fleet import (
     verify_credentials,
 )
 from rlfleet.fleet.connection import credentials_error
-from rlfleet.rpc.client import RpcClient
-from rlfleet.v1 import rollout_pb2, rollout_pb2_grpc
+from rlfleet.rpc.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    FailedPrecondition,
+    Internal,
+    ResourceExhausted,
+    RpcError,
+    Unavailable,
+    Unknown,
+)
+from rlfleet.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
 
@@ -75,15 +85,17 @@ CANCELLED = Counter("rlfleet_pool_streams_cancelled_total",
                     ["reason"])
 
 # The replica (or the way to it) failed: try another. Anything else is the answer.
-RETRYABLE = {
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.CANCELLED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.INTERNAL,
-    grpc.StatusCode.UNKNOWN,
-    grpc.StatusCode.FAILED_PRECONDITION,  # replica has not loaded the adapter yet
-}
+# (Re-sending a group to another replica is this pool's job, not a channel retry
+# policy's: a service config retries on the one replica it is bound to.)
+RETRYABLE = (
+    Unavailable,
+    Cancelled,
+    ResourceExhausted,
+    DeadlineExceeded,
+    Internal,
+    Unknown,
+    FailedPrecondition,  # replica has not loaded the adapter yet
+)
 
 
 class Capacity(NamedTuple):
@@ -142,7 +154,7 @@ class Replica:
 class _Stream:
     """One group's stream to one replica, watched for hangs."""
 
-    def __init__(self, call: grpc.Call, address: str) -> None:
+    def __init__(self, call: TrajectoryStream, address: str) -> None:
         self.call = call
         self.address = address
         self.last_message = time.monotonic()
@@ -210,7 +222,7 @@ class RolloutPool:
         self.wait_for_replicas_s = wait_for_replicas_s
         self.registry_refresh_s = registry_refresh_s
         self.status_timeout_s = status_timeout_s
-        self._clients: dict[str, RpcClient] = {}
+        self._clients: dict[str, RolloutClient] = {}
         self._last_live: list[Replica] = []  # the registry's last answer (Redis outages)
         self._lock = threading.Lock()
         self.retries: dict[str, int] = {}  # groups re-sent, by status code (this pool)
@@ -318,9 +330,8 @@ class RolloutPool:
         return live
 
     def _status(self, address: str) -> rollout_pb2.ReplicaStatus:
-        """One GetStatus, no retries, a short deadline (raises grpc.RpcError)."""
-        stub = rollout_pb2_grpc.RolloutServiceStub(self._client(address).channel(address))
-        return stub.GetStatus(rollout_pb2.StatusRequest(), timeout=self.status_timeout_s)
+        """One GetStatus, no retries, a short deadline (raises RpcError)."""
+        return self._client(address).status(timeout_s=self.status_timeout_s)
 
     def _probe_suspects(self, live: list[Replica]) -> None:
         """A replica that failed a group gets no group until it answers GetStatus (after a
@@ -336,7 +347,7 @@ class RolloutPool:
             try:
                 self._status(address)
                 alive = True
-            except grpc.RpcError:
+            except RpcError:
                 alive = False
             with self._cond:
                 if address not in self._suspect:
@@ -390,20 +401,22 @@ class RolloutPool:
                         _capacity(status.max_groups, status.max_episodes),
                         status.replica_id or address)
                     self._static_next_ask[address] = now + 30.0
-                except grpc.RpcError as err:
+                except RpcError as err:
                     self._static_next_ask[address] = now + 5.0
                     log.debug("replica status unavailable; assuming its capacity",
-                              extra={"address": address, "code": err.code().name})
+                              extra={"address": address, "code": err.code.name})
             cap, replica_id = self._static_caps.get(address, (DEFAULT_CAPACITY, address))
             out.append(Replica(replica_id, address, 0, cap.groups, cap.episodes))
         return out
 
-    def _client(self, address: str) -> RpcClient:
+    def _client(self, address: str) -> RolloutClient:
+        """The replica's client: no channel retries (a failed group goes to another
+        replica; a status probe that fails only postpones the next one)."""
         with self._lock:
             if address not in self._clients:
-                self._clients[address] = RpcClient(address, token=self.token,
-                                                   timeout_s=self.stream_timeout_s,
-                                                   tls=self.tls)
+                self._clients[address] = RolloutClient(address, token=self.token,
+                                                       timeout_s=self.stream_timeout_s,
+                                                       tls=self.tls, max_attempts=1)
             return self._clients[address]
 
     # -- slots -----------------------------------------------------------------------
@@ -522,9 +535,7 @@ class RolloutPool:
             replica = self._acquire(request, failed, resend=failures + refusals > 0)
             watched: _Stream | None = None
             try:
-                stream = self._client(replica.address).stream(
-                    rollout_pb2_grpc.RolloutServiceStub, "RolloutGroup", request,
-                    address=replica.address)
+                stream = self._client(replica.address).stream(request)
                 watched = self._watch(stream, replica.address)
                 for trajectory in stream:
                     watched.last_message = time.monotonic()
@@ -538,11 +549,11 @@ class RolloutPool:
                     return [received[i] for i in range(request.group_size)]
                 code = grpc.StatusCode.UNKNOWN  # stream ended early: treat as a failure
                 detail = f"stream ended after {len(received)} of {request.group_size}"
-            except grpc.RpcError as err:
-                code, detail = err.code(), err.details()
+            except RpcError as err:
+                code, detail = err.code, err.message
                 if watched is not None and watched.reason is not None:
                     code, detail = grpc.StatusCode.CANCELLED, watched.reason
-                if code not in RETRYABLE:
+                elif not isinstance(err, RETRYABLE):
                     raise
             finally:
                 if watched is not None:
@@ -602,7 +613,7 @@ class RolloutPool:
 
     # -- hung replicas ---------------------------------------------------------------
 
-    def _watch(self, call: grpc.Call, address: str) -> _Stream:
+    def _watch(self, call: TrajectoryStream, address: str) -> _Stream:
         stream = _Stream(call, address)
         with self._cond:
             self._streams.add(stream)

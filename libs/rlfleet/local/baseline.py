@@ -16,12 +16,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rlfleet.clients.env import EnvClient
+from rlfleet.clients.reward import RewardClient
 from rlfleet.maze.actions import Action, ActionFormat, format_action
 from rlfleet.maze.generate import generate_layout
 from rlfleet.maze.oracle import distance_to_target, oracle_action
 from rlfleet.maze.tasks import EVAL_SEEDS, get_task
-from rlfleet.rpc.client import RpcClient
-from rlfleet.v1 import common_pb2, env_pb2, env_pb2_grpc, reward_pb2, reward_pb2_grpc
+from rlfleet.v1 import common_pb2, env_pb2, reward_pb2
 
 Policy = Callable[[int, tuple[int, int]], str]  # (seed, agent position) -> action text
 
@@ -43,12 +44,12 @@ def random_policy(rng: random.Random) -> Policy:
     return act
 
 
-def play(client: RpcClient, policy: Policy, seeds: list[int], task: str) -> dict:
+def play(env: EnvClient, reward: RewardClient, policy: Policy, seeds: list[int], task: str
+         ) -> dict:
     """Plays one episode per seed in lock-step batches and scores them with the reward
     service."""
-    env = env_pb2_grpc.EnvServiceStub
     specs = [common_pb2.TaskSpec(task=task, seed=s) for s in seeds]
-    opened = client.call(env, "Open", env_pb2.OpenRequest(tasks=specs)).episodes
+    opened = env.open(specs)
     live = {e.episode_id: (seed, e.state) for e, seed in zip(opened, seeds, strict=True)}
     actions: dict[str, list[str]] = {e.episode_id: [] for e in opened}
     finals: dict[str, common_pb2.EpisodeState] = {}
@@ -58,7 +59,7 @@ def play(client: RpcClient, policy: Policy, seeds: list[int], task: str) -> dict
             text = policy(seed, (state.agent.row, state.agent.col))
             actions[episode_id].append(text)
             batch.append(env_pb2.Action(episode_id=episode_id, text=text))
-        results = client.call(env, "Step", env_pb2.StepRequest(actions=batch)).results
+        results = env.step(batch)
         for r in results:
             seed = live[r.episode_id][0]
             if r.observation.done:
@@ -66,11 +67,10 @@ def play(client: RpcClient, policy: Policy, seeds: list[int], task: str) -> dict
                 del live[r.episode_id]
             else:
                 live[r.episode_id] = (seed, r.state)
-    client.call(env, "Close", env_pb2.CloseRequest(episode_ids=list(actions)))
+    env.close_episodes(list(actions))
     records = [reward_pb2.EpisodeRecord(task=spec, actions=actions[e.episode_id])
                for spec, e in zip(specs, opened, strict=True)]
-    scores = client.call(reward_pb2_grpc.RewardServiceStub, "Score",
-                         reward_pb2.ScoreRequest(episodes=records))
+    scores = reward.score(records)
     solved = [finals[e.episode_id].solved for e in opened]
     turns = [finals[e.episode_id].turns for e in opened]
     n = len(seeds)
@@ -90,12 +90,12 @@ def play(client: RpcClient, policy: Policy, seeds: list[int], task: str) -> dict
 def run(address: str, out: Path, task: str = "maze_2d", seed: int = 0) -> dict:
     size = get_task(task).size
     seeds = list(EVAL_SEEDS)
-    client = RpcClient(address, timeout_s=60)
+    env, reward = EnvClient(address, timeout_s=60), RewardClient(address, timeout_s=60)
     paths = [distance_to_target(generate_layout(s, size)) for s in seeds]
     start = time.perf_counter()
     results = {
-        "oracle": play(client, oracle_policy(size), seeds, task),
-        "random": play(client, random_policy(random.Random(seed)), seeds, task),
+        "oracle": play(env, reward, oracle_policy(size), seeds, task),
+        "random": play(env, reward, random_policy(random.Random(seed)), seeds, task),
     }
     summary = {
         "task": task,

@@ -1,20 +1,29 @@
-"""The client side of the rpc layer: deadlines on every call, retries with exponential
-backoff and jitter on UNAVAILABLE, and calls spread over several addresses.
+"""The client side of the rpc layer, under the typed service clients (`rlfleet.clients`):
+deadlines on every call, gRPC's own retries for idempotent methods, and failing over
+between several addresses.
 
-A call is retried only on UNAVAILABLE (the peer is down or restarting), which gRPC
-guarantees the server did not process when the connection failed before sending; every
-other status is the answer and goes back to the caller.
+Retries are gRPC's service-config `retryPolicy` on the channel: a call answered
+UNAVAILABLE (the peer down or restarting, the connection lost) is re-sent with
+exponential backoff and jitter, inside the call's one deadline, and only for the methods
+the client names as idempotent (re-sending one that the peer may have applied changes
+nothing). Every other status is the answer and goes back to the caller.
+
+A channel's policy retries on that channel only; moving on to another address when one
+is down is something a service config cannot say for a list of host names (it would need
+one resolver name for all of them), so `RpcClient.call` does that itself: each address
+once, for the methods it retries, within the same deadline.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
-import random
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +34,47 @@ from rlfleet.limits import MAX_MESSAGE_BYTES
 log = logging.getLogger(__name__)
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+MAX_ATTEMPTS = 5  # gRPC's ceiling for a retryPolicy's maxAttempts
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a channel retries UNAVAILABLE: `max_attempts` in all (1 = never), the n-th
+    retry after a random wait below min(initial * multiplier**(n-1), max) seconds."""
+
+    max_attempts: int = 4
+    initial_backoff_s: float = 0.1
+    max_backoff_s: float = 2.0
+    backoff_multiplier: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_attempts <= MAX_ATTEMPTS:
+            raise ValueError(f"max_attempts must be in 1..{MAX_ATTEMPTS} (gRPC's retry "
+                             f"policy allows at most {MAX_ATTEMPTS}), got {self.max_attempts}")
+        if self.initial_backoff_s <= 0 or self.max_backoff_s < self.initial_backoff_s \
+                or self.backoff_multiplier <= 0:
+            raise ValueError("backoffs must be > 0, max_backoff_s >= initial_backoff_s and "
+                             "backoff_multiplier > 0")
+
+
+def service_config(service: str | None, methods: Collection[str], policy: RetryPolicy
+                   ) -> str | None:
+    """The channel's `grpc.service_config` JSON: `policy` for `methods` of `service`
+    (every method of every service when `service` is None); None when nothing retries."""
+    if policy.max_attempts < 2 or (service is not None and not methods):
+        return None
+    names = ([{}] if service is None
+             else [{"service": service, "method": m} for m in sorted(methods)])
+    return json.dumps({"methodConfig": [{
+        "name": names,
+        "retryPolicy": {
+            "maxAttempts": policy.max_attempts,
+            "initialBackoff": f"{policy.initial_backoff_s:.3f}s",
+            "maxBackoff": f"{policy.max_backoff_s:.3f}s",
+            "backoffMultiplier": policy.backoff_multiplier,
+            "retryableStatusCodes": sorted(code.name for code in RETRYABLE),
+        },
+    }]})
 
 
 class _TokenInterceptor(
@@ -65,15 +115,19 @@ def open_channel(
     ca_file: Path | None = None,
     cert_file: Path | None = None,
     key_file: Path | None = None,
+    config: str | None = None,
 ) -> grpc.Channel:
-    """A channel with rlfleet's message limits, optional TLS/mTLS and the shared token."""
-    options = [
+    """A channel with rlfleet's message limits, optional TLS/mTLS, the shared token and
+    `config`, a service config (`service_config`: the retry policy)."""
+    options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         # Fail fast on a dead peer instead of queueing behind reconnect backoff.
         ("grpc.initial_reconnect_backoff_ms", 200),
         ("grpc.max_reconnect_backoff_ms", 2000),
     ]
+    if config is not None:
+        options += [("grpc.enable_retries", 1), ("grpc.service_config", config)]
     if ca_file:
         creds = grpc.ssl_channel_credentials(
             root_certificates=ca_file.read_bytes(),
@@ -104,17 +158,23 @@ def client_tls_from_env(env: dict[str, str] | None = None) -> dict[str, Path] | 
 
 
 class RpcClient:
-    """Calls one service over one or more addresses.
+    """The transport: calls one service over one or more addresses (raw grpc.RpcError on
+    failure; the typed clients in `rlfleet.clients` map it).
 
-    `call(stub_cls, "Method", request)` picks the next address round-robin; on UNAVAILABLE
-    it backs off and tries the next address, up to `max_attempts` in all. Every call has a
-    deadline (`timeout_s`, or the client default).
+    `service` and `idempotent` name the methods the channels retry (`RetryPolicy` built
+    from `max_attempts`, `backoff_s`, `max_backoff_s`); without `service`, every method is
+    retried (a tool's or test's raw client). `call(stub_cls, "Method", request)` starts at
+    the next address round-robin and, for a retried method answered UNAVAILABLE, tries the
+    others in turn. Every call has one deadline (`timeout_s`, or the client default) over
+    all of its attempts.
     """
 
     def __init__(
         self,
         addresses: str | Sequence[str],
         *,
+        service: str | None = None,
+        idempotent: Collection[str] = (),
         token: str | None = None,
         timeout_s: float = 30.0,
         max_attempts: int = 4,
@@ -126,13 +186,14 @@ class RpcClient:
         addrs = [a.strip() for a in addrs if a and a.strip()]
         if not addrs:
             raise ValueError("RpcClient needs at least one address")
-        if timeout_s <= 0 or max_attempts < 1:
-            raise ValueError("timeout_s must be > 0 and max_attempts >= 1")
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be > 0")
         self.addresses = addrs
         self.timeout_s = timeout_s
-        self.max_attempts = max_attempts
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
+        self.service = service
+        self.idempotent = frozenset(idempotent)
+        self.policy = RetryPolicy(max_attempts, backoff_s, max(backoff_s, max_backoff_s))
+        self._config = service_config(service, self.idempotent, self.policy)
         self._token = token
         self._tls = tls or {}
         self._channels: dict[str, grpc.Channel] = {}
@@ -142,47 +203,48 @@ class RpcClient:
     def channel(self, address: str) -> grpc.Channel:
         with self._lock:
             if address not in self._channels:
-                self._channels[address] = open_channel(address, token=self._token, **self._tls)
+                self._channels[address] = open_channel(
+                    address, token=self._token, config=self._config, **self._tls)
             return self._channels[address]
 
-    def _order(self) -> Iterator[str]:
+    def retries(self, method: str) -> bool:
+        """Whether `method` is retried on UNAVAILABLE (by the channel, and on the next
+        address)."""
+        return self.policy.max_attempts > 1 and (
+            self.service is None or method in self.idempotent)
+
+    def _order(self) -> list[str]:
         start = next(self._next)
         n = len(self.addresses)
-        for i in range(self.max_attempts):
-            yield self.addresses[(start + i) % n]
-
-    def _sleep(self, attempt: int) -> None:
-        delay = min(self.max_backoff_s, self.backoff_s * 2**attempt)
-        time.sleep(delay * (0.5 + random.random() / 2))
+        return [self.addresses[(start + i) % n] for i in range(n)]
 
     def call(
         self, stub_cls: type, method: str, request: Any, *, timeout_s: float | None = None
     ) -> Any:
-        last: grpc.RpcError | None = None
-        for attempt, address in enumerate(self._order()):
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        order = self._order()
+        for i, address in enumerate(order):
             stub = stub_cls(self.channel(address))
             try:
-                return getattr(stub, method)(request, timeout=timeout_s or self.timeout_s)
+                return getattr(stub, method)(
+                    request, timeout=max(0.001, deadline - time.monotonic()))
             except grpc.RpcError as err:
-                if err.code() not in RETRYABLE:
+                last = i + 1 == len(order) or time.monotonic() >= deadline
+                if err.code() not in RETRYABLE or not self.retries(method) or last:
                     raise
-                last = err
-                log.warning(
-                    "rpc unavailable, retrying",
-                    extra={"address": address, "method": method, "attempt": attempt + 1},
-                )
-                if attempt + 1 < self.max_attempts:
-                    self._sleep(attempt)
-        assert last is not None
-        raise last
+                log.warning("rpc unavailable, trying the next address",
+                            extra={"address": address, "method": method,
+                                   "next": order[i + 1]})
+        raise AssertionError("unreachable: the last address raises or returns")
 
     def stream(
         self, stub_cls: type, method: str, request: Any, *, timeout_s: float | None = None,
         address: str | None = None,
-    ) -> Iterator[Any]:
-        """A server-streaming call on one address (no automatic retry: a stream may have
-        delivered part of its answer; the caller decides, e.g. by idempotency key)."""
-        stub = stub_cls(self.channel(address or next(self._order())))
+    ) -> Any:
+        """A server-streaming call on one address: the grpc call object (iterate it for
+        the messages; `cancel()` ends it). The channel retries it, if it is one of the
+        retried methods, only until the first message arrives (gRPC commits a call then)."""
+        stub = stub_cls(self.channel(address or self._order()[0]))
         return getattr(stub, method)(request, timeout=timeout_s or self.timeout_s)
 
     def close(self) -> None:

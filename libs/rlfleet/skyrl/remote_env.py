@@ -16,11 +16,11 @@ from typing import Any
 import skyrl_gym
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
+from rlfleet.clients.env import EnvClient
 from rlfleet.config import read_secret
 from rlfleet.names import to_wire
-from rlfleet.rpc.client import RpcClient
 from rlfleet.skyrl.maze_env import _options
-from rlfleet.v1 import common_pb2, env_pb2, env_pb2_grpc
+from rlfleet.v1 import common_pb2, env_pb2
 
 ENV_ID = "rlfleet-remote-maze"
 ENTRY_POINT = "rlfleet.skyrl.remote_env:RemoteMazeSkyRLEnv"
@@ -54,7 +54,7 @@ class RemoteMazeSkyRLEnv(BaseTextEnv):
         config = dict(env_config or {})
         if not config.get("address"):
             raise ValueError("env_config needs 'address' (host:port of an rlfleet env service)")
-        self.client = RpcClient(
+        self.client = EnvClient(
             config["address"],
             token=read_secret("RLFLEET_AUTH_TOKEN"),
             timeout_s=float(config.get("timeout_s", 30.0)),
@@ -64,11 +64,7 @@ class RemoteMazeSkyRLEnv(BaseTextEnv):
         self.solved = False
 
     def init(self, prompt: ConversationType | None) -> tuple[ConversationType, dict[str, Any]]:
-        reply = self.client.call(
-            env_pb2_grpc.EnvServiceStub, "Open",
-            env_pb2.OpenRequest(tasks=[self.task_spec], include_image=True),
-        )
-        episode = reply.episodes[0]
+        episode = self.client.open([self.task_spec], include_image=True)[0]
         self.episode_id = episode.episode_id
         self.max_turns = self.task_spec.max_turns or 0
         conversation = [dict(m) for m in (prompt or [])]
@@ -78,14 +74,8 @@ class RemoteMazeSkyRLEnv(BaseTextEnv):
     def step(self, action: str) -> BaseTextEnvStepOutput:
         if self.episode_id is None:
             raise RuntimeError("init() must be called before step()")
-        reply = self.client.call(
-            env_pb2_grpc.EnvServiceStub, "Step",
-            env_pb2.StepRequest(
-                actions=[env_pb2.Action(episode_id=self.episode_id, text=action)],
-                include_image=True,
-            ),
-        )
-        result = reply.results[0]
+        result = self.client.step([env_pb2.Action(episode_id=self.episode_id, text=action)],
+                                  include_image=True)[0]
         obs = result.observation
         self.turns = obs.turn
         self.solved = result.state.solved
@@ -105,8 +95,7 @@ class RemoteMazeSkyRLEnv(BaseTextEnv):
 
     def close(self) -> None:
         if self.episode_id is not None:
-            self.client.call(env_pb2_grpc.EnvServiceStub, "Close",
-                             env_pb2.CloseRequest(episode_ids=[self.episode_id]))
+            self.client.close_episodes([self.episode_id])
             self.episode_id = None
         self.client.close()
 

@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from prometheus_client import Gauge, Histogram
 
 from rlfleet.clients.rollout_pool import RolloutPool
+from rlfleet.clients.sync import SyncClient
 from rlfleet.config import fleet_token
 from rlfleet.engines.base import vision_token_ids
 from rlfleet.policy.loading import load_processor
 from rlfleet.policy.profiles import resolve_model_dir
-from rlfleet.rpc.client import RpcClient, client_tls_from_env
+from rlfleet.rpc.client import client_tls_from_env
 from rlfleet.storage import (
     Checkpoint,
     RunsRoot,
@@ -127,8 +128,8 @@ class Learner:
         self.pool = RolloutPool(redis_url=cfg.fleet.redis_url, run=cfg.run, token=token,
                                 tls=tls)
         self.publisher = AdapterPublisher(self.root, cfg.run, cfg.model.name,
-                                          RpcClient(cfg.fleet.sync_address, token=token,
-                                                    timeout_s=60, tls=tls))
+                                          SyncClient(cfg.fleet.sync_address, token=token,
+                                                     timeout_s=60, tls=tls))
         self.state = State(cursor=SeedCursor(cfg.data.size))
         checkpoint = self._find_checkpoint(resume)
         model_dir = str(resolve_model_dir(cfg.model.profile, cfg.model.path))

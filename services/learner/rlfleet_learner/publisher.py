@@ -5,7 +5,8 @@ ckpt-sync answers UNAVAILABLE (or RESOURCE_EXHAUSTED) when it cannot record a ve
 Redis unreachable, or full (maxmemory with noeviction). The version is on /shared
 already, so the announcement is retried with a growing back-off for up to
 `announce_retry_s` (each attempt logged with ckpt-sync's reason), not given up after the
-client's few quick retries."""
+client's few quick retries (its channel's retry policy: at most 5 attempts within one
+call's deadline, on UNAVAILABLE only; an outage of Redis lasts minutes)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-import grpc
-
-from rlfleet.rpc.client import RpcClient
+from rlfleet.clients.sync import SyncClient
+from rlfleet.rpc.errors import ResourceExhausted, RpcError, Unavailable
 from rlfleet.storage import (
     DestinationExists,
     RunsRoot,
@@ -26,12 +26,11 @@ from rlfleet.storage import (
     publish_adapter_dir,
     retry,
 )
-from rlfleet.v1 import common_pb2, sync_pb2, sync_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 # ckpt-sync could not record the version now (the registry is down or full): retry.
-RETRY_ANNOUNCE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+RETRY_ANNOUNCE = (Unavailable, ResourceExhausted)
 
 
 # A permission error on /shared (a volume mounted read-only or with the wrong owner for a
@@ -57,7 +56,7 @@ class Published:
 
 
 class AdapterPublisher:
-    def __init__(self, runs_root: RunsRoot, run: str, base_model: str, sync: RpcClient,
+    def __init__(self, runs_root: RunsRoot, run: str, base_model: str, sync: SyncClient,
                  *, announce_retry_s: float = 600.0, max_backoff_s: float = 10.0) -> None:
         self.root = runs_root
         self.run = run
@@ -96,21 +95,17 @@ class AdapterPublisher:
     def _announce(self, version: int, sha256: str) -> None:
         """Publish through ckpt-sync, retrying UNAVAILABLE / RESOURCE_EXHAUSTED (the
         registry down or full) for up to announce_retry_s; other answers are final."""
-        request = sync_pb2.PublishRequest(adapter=common_pb2.AdapterRef(
-            run=self.run, version=version, sha256=sha256))
         deadline = time.monotonic() + self.announce_retry_s
         attempt = 0
         while True:
             try:
-                self.sync.call(sync_pb2_grpc.SyncServiceStub, "Publish", request)
+                self.sync.publish(self.run, version, sha256=sha256)
                 if attempt:
                     log.warning("adapter version announced after retries",
                                 extra={"version": version, "retries": attempt})
                 return
-            except grpc.RpcError as err:
-                code, details = err.code(), err.details()
-                if code not in RETRY_ANNOUNCE:
-                    raise
+            except RETRY_ANNOUNCE as err:
+                code, details = err.code, err.message
                 attempt += 1
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -128,13 +123,8 @@ class AdapterPublisher:
     def wait_live(self, version: int, min_replicas: int, timeout_s: float) -> float:
         """Blocks until `min_replicas` serve `version`; the publish→live seconds."""
         try:
-            reply = self.sync.call(
-                sync_pb2_grpc.SyncServiceStub, "WaitForReplicas",
-                sync_pb2.WaitForReplicasRequest(run=self.run, version=version,
-                                                min_replicas=min_replicas,
-                                                timeout_s=timeout_s),
-                timeout_s=timeout_s + 10)
-        except grpc.RpcError as err:
-            raise RuntimeError(f"replicas did not load version {version}: {err.details()}"
+            reply = self.sync.wait_for_replicas(self.run, version, min_replicas, timeout_s)
+        except RpcError as err:  # DeadlineExceeded: too few replicas in time
+            raise RuntimeError(f"replicas did not load version {version}: {err.message}"
                                ) from err
         return reply.publish_to_live_s

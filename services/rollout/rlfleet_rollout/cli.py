@@ -46,9 +46,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _sample(args: argparse.Namespace) -> int:
-    import grpc
-
     from rlfleet.names import to_wire
+    from rlfleet.rpc.errors import RpcError
     from rlfleet.v1 import common_pb2, rollout_pb2
 
     request = rollout_pb2.GroupRequest(
@@ -73,21 +72,21 @@ def _sample(args: argparse.Namespace) -> int:
                 "total_s": round(t.timings.total_s, 3),
             }
             print(json.dumps(doc))
-    except grpc.RpcError as err:
-        print(f"rollout sample: {err.code().name}: {err.details()}", file=sys.stderr)
+    except RpcError as err:
+        print(f"rollout sample: {err.code.name}: {err.message}", file=sys.stderr)
         return 1
     return 0
 
 
 def _trajectories(args: argparse.Namespace, request):  # noqa: ANN001, ANN202
     """From a running replica (--target), or from a policy loaded in this process."""
+    from rlfleet.clients.rollout import RolloutClient
     from rlfleet.config import read_secret
-    from rlfleet.rpc.client import RpcClient
-    from rlfleet.v1 import rollout_pb2_grpc
 
     if args.target:
-        client = RpcClient(args.target, token=read_secret("RLFLEET_AUTH_TOKEN"), timeout_s=600)
-        yield from client.stream(rollout_pb2_grpc.RolloutServiceStub, "RolloutGroup", request)
+        client = RolloutClient(args.target, token=read_secret("RLFLEET_AUTH_TOKEN"),
+                               timeout_s=600)
+        yield from client.stream(request)
         return
     if not args.env_address:
         raise SystemExit("rollout sample: give --target (a replica) or --env-address")

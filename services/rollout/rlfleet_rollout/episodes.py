@@ -14,22 +14,20 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-import grpc
 from PIL import Image
 
 from rlfleet import limits
+from rlfleet.clients.env import EnvClient
+from rlfleet.clients.reward import RewardClient
 from rlfleet.engines.base import Generation, GenerationRequest, SamplingConfig
-from rlfleet.policy.chat import ChatCodec, Encoded
 from rlfleet.names import from_wire, to_wire
+from rlfleet.policy.chat import ChatCodec, Encoded
 from rlfleet.policy.contexts import observation_message, turn_text
-from rlfleet.rpc.client import RpcClient
 from rlfleet.rpc.errors import InvalidArgument, NotFound, RpcError, Unavailable
 from rlfleet.v1 import (
     common_pb2,
     env_pb2,
-    env_pb2_grpc,
     reward_pb2,
-    reward_pb2_grpc,
     rollout_pb2,
 )
 from rlfleet_rollout.adapters import LiveAdapter
@@ -136,21 +134,21 @@ class Episode:
     final_state: common_pb2.EpisodeState | None = None
 
 
-def _env_error(err: grpc.RpcError, address: str) -> RpcError:
-    code, details = err.code(), err.details()
-    if code == grpc.StatusCode.NOT_FOUND:
-        return NotFound(f"env service: {details}")
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidArgument(f"env service: {details}")
-    return Unavailable(f"env service at {address} failed: {code.name}: {details}")
+def _open_error(err: RpcError) -> RpcError:
+    """The replica's answer when the env refused to open the group's episodes: the
+    caller's spec was at fault (NOT_FOUND, INVALID_ARGUMENT: the same answer from any
+    replica), or the env failed (UNAVAILABLE: worth re-sending the group)."""
+    if isinstance(err, NotFound | InvalidArgument):
+        return type(err)(f"env service: {err.message}")
+    return Unavailable(f"env service at {err.peer} failed: {err.code.name}: {err.message}")
 
 
 @dataclass
 class GroupPlayer:
     batcher: GenerationBatcher
     codec: ChatCodec
-    env: RpcClient
-    reward: RpcClient
+    env: EnvClient
+    reward: RewardClient
     replica_id: str
     cell_px: int = 0
 
@@ -170,12 +168,11 @@ class GroupPlayer:
         G = request.group_size
         start = time.perf_counter()
         try:
-            opened = self.env.call(env_pb2_grpc.EnvServiceStub, "Open",
-                                   env_pb2.OpenRequest(tasks=[spec] * G, include_image=True))
-        except grpc.RpcError as err:
-            raise _env_error(err, self.env.addresses[0]) from err
+            opened = self.env.open([spec] * G, include_image=True)
+        except RpcError as err:
+            raise _open_error(err) from err
         live: list[Episode] = []
-        for i, e in enumerate(opened.episodes):
+        for i, e in enumerate(opened):
             buf = EpisodeBuffer(self.codec, context, instruction=e.observation.instruction)
             buf.start(e.observation)
             live.append(Episode(i, e.episode_id, buf, start))
@@ -203,14 +200,12 @@ class GroupPlayer:
                                                   text=text[:limits.MAX_ACTION_TEXT_BYTES // 4]))
                 t0 = time.perf_counter()
                 try:
-                    results = self.env.call(
-                        env_pb2_grpc.EnvServiceStub, "Step",
-                        env_pb2.StepRequest(actions=actions, include_image=True)).results
-                except grpc.RpcError as err:
+                    results = self.env.step(actions, include_image=True)
+                except RpcError as err:
                     # Mid-episode the spec was already accepted: a lost episode means the
                     # env restarted, so the group is worth retrying (UNAVAILABLE).
-                    raise Unavailable(f"env service at {self.env.addresses[0]} lost the "
-                                      f"episodes: {err.code().name}: {err.details()}") from err
+                    raise Unavailable(f"env service at {self.env.address} lost the "
+                                      f"episodes: {err.code.name}: {err.message}") from err
                 dt_env = time.perf_counter() - t0
                 finished, still = [], []
                 for ep, result in zip(live, results, strict=True):
@@ -233,30 +228,25 @@ class GroupPlayer:
         finally:
             if open_ids:
                 try:
-                    self.env.call(env_pb2_grpc.EnvServiceStub, "Close",
-                                  env_pb2.CloseRequest(episode_ids=sorted(open_ids)),
-                                  timeout_s=5)
-                except grpc.RpcError:
+                    self.env.close_episodes(sorted(open_ids), timeout_s=5)
+                except RpcError:
                     pass  # the env expires idle episodes by itself
 
     def _finish(self, request: rollout_pb2.GroupRequest, spec: common_pb2.TaskSpec,
                 episodes: list[Episode], adapter: LiveAdapter, context: str,
                 queued_s: float) -> Iterator[rollout_pb2.Trajectory]:
         try:
-            self.env.call(env_pb2_grpc.EnvServiceStub, "Close",
-                          env_pb2.CloseRequest(episode_ids=[e.episode_id for e in episodes]))
-        except grpc.RpcError:
+            self.env.close_episodes([e.episode_id for e in episodes])
+        except RpcError:
             pass  # the episodes are finished; the env expires what it could not close
         t0 = time.perf_counter()
         try:
-            scored = self.reward.call(
-                reward_pb2_grpc.RewardServiceStub, "Score",
-                reward_pb2.ScoreRequest(episodes=[
-                    reward_pb2.EpisodeRecord(task=spec, actions=e.buffer.actions,
-                                             final_state=e.final_state)
-                    for e in episodes]))
-        except grpc.RpcError as err:
-            raise Unavailable(f"reward service failed: {err.code().name}: {err.details()}"
+            scored = self.reward.score([
+                reward_pb2.EpisodeRecord(task=spec, actions=e.buffer.actions,
+                                         final_state=e.final_state)
+                for e in episodes])
+        except RpcError as err:
+            raise Unavailable(f"reward service failed: {err.code.name}: {err.message}"
                               ) from err
         reward_s = time.perf_counter() - t0
         vision_start = self.codec.tokenizer.convert_tokens_to_ids("<|vision_start|>")

@@ -6,27 +6,29 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-import grpc
 import redis as redis_errors
 from PIL import Image
 
+from rlfleet.clients.env import EnvClient
+from rlfleet.clients.reward import RewardClient
+from rlfleet.clients.sync import SyncClient
 from rlfleet.config import ConfigError
 from rlfleet.engines import ENGINES, Engine
-from rlfleet.policy.chat import ChatCodec
-from rlfleet.policy.loading import PolicyProcessor, load_processor
-from rlfleet.policy.profiles import resolve_model_dir, serving_profile
 from rlfleet.fleet import (
     AdapterDirectory,
-    ReplicaInfo,
     ReplicaDirectory,
+    ReplicaInfo,
     connect,
     fleet_signing_key,
     verify_credentials,
 )
-from rlfleet.rpc.client import RpcClient
+from rlfleet.policy.chat import ChatCodec
+from rlfleet.policy.loading import PolicyProcessor, load_processor
+from rlfleet.policy.profiles import resolve_model_dir, serving_profile
+from rlfleet.rpc.errors import RpcError
 from rlfleet.rpc.server import GrpcServer
 from rlfleet.storage import RunsRoot
-from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc, sync_pb2, sync_pb2_grpc
+from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from rlfleet_rollout.adapters import AdapterManager, LiveAdapter
 from rlfleet_rollout.batcher import DirectGeneration, GenerationBatcher
 from rlfleet_rollout.episodes import GroupPlayer
@@ -112,7 +114,7 @@ def build_replica(settings: RolloutSettings) -> Replica:
     # client certificate, the fleet CA to check theirs), like every client in the fleet.
     token = config.auth_token
     tls = settings.client_tls()
-    sync = (RpcClient(settings.sync_address, token=token, timeout_s=10, tls=tls)
+    sync = (SyncClient(settings.sync_address, token=token, timeout_s=10, tls=tls)
             if settings.sync_address else None)
     redis = connect(settings.redis_url) if settings.redis_url else None
     if redis is not None:
@@ -130,12 +132,10 @@ def build_replica(settings: RolloutSettings) -> Replica:
             holder["hb"].try_beat()  # a failure is logged; the loop retries
         if sync is not None:
             try:
-                sync.call(sync_pb2_grpc.SyncServiceStub, "Acknowledge", sync_pb2.AcknowledgeRequest(
-                    replica_id=settings.replica_id,
-                    adapter=common_pb2.AdapterRef(run=adapter.run, version=adapter.version,
-                                                  sha256=adapter.sha256)))
-            except grpc.RpcError as err:  # the heartbeat still tells the truth
-                log.warning("acknowledge failed", extra={"code": err.code().name})
+                sync.acknowledge(settings.replica_id, common_pb2.AdapterRef(
+                    run=adapter.run, version=adapter.version, sha256=adapter.sha256))
+            except RpcError as err:  # the heartbeat still tells the truth
+                log.warning("acknowledge failed", extra={"code": err.code.name})
 
     adapters = AdapterManager(batcher, RunsRoot(settings.runs_root), settings.run,
                               settings.replica_id, on_live=on_live,
@@ -143,10 +143,10 @@ def build_replica(settings: RolloutSettings) -> Replica:
     reward_address = settings.reward_address or settings.env_address
     player = GroupPlayer(
         batcher, codec,
-        env=RpcClient(settings.env_address, token=token, timeout_s=settings.env_timeout_s,
+        env=EnvClient(settings.env_address, token=token, timeout_s=settings.env_timeout_s,
                       tls=tls),
-        reward=RpcClient(reward_address, token=token, timeout_s=settings.env_timeout_s,
-                         tls=tls),
+        reward=RewardClient(reward_address, token=token, timeout_s=settings.env_timeout_s,
+                            tls=tls),
         replica_id=settings.replica_id, cell_px=settings.render_cell_px())
     servicer = RolloutServicer(
         player, adapters, max_groups=settings.max_groups, max_episodes=settings.max_episodes,
