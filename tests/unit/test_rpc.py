@@ -18,6 +18,7 @@ from rlfleet.rpc import (
     NotFound,
     RpcClient,
     ServerConfig,
+    Unavailable,
 )
 from rlfleet.rpc.health import check
 from rlfleet.v1 import env_pb2, env_pb2_grpc
@@ -43,6 +44,8 @@ class ScriptedEnv(env_pb2_grpc.EnvServiceServicer):
             raise FailedPrecondition("episode over")
         if what == "boom":
             raise RuntimeError("secret internal detail")
+        if what == "unavailable":
+            raise Unavailable("restarting")
         if what == "slow":
             self.release.wait(5)
         return env_pb2.OpenResponse(episodes=[env_pb2.Episode(episode_id="ok")])
@@ -260,3 +263,36 @@ def test_an_empty_token_never_turns_auth_off(tmp_path) -> None:  # noqa: ANN001
     assert fleet_token(env={"RLFLEET_AUTH": "none", "RLFLEET_AUTH_TOKEN": "t"}) == "t"
     newline.write_text("t0k\n")
     assert fleet_token(env={"RLFLEET_AUTH_TOKEN_FILE": str(newline)}) == "t0k"
+
+
+def test_retry_policy_is_gRPCs_service_config_for_the_named_methods() -> None:
+    import json
+
+    from rlfleet.rpc.client import RetryPolicy, service_config
+
+    config = json.loads(service_config("rlfleet.v1.EnvService", {"Close", "ListTasks"},
+                                       RetryPolicy()))
+    (method,) = config["methodConfig"]
+    assert method["name"] == [{"service": "rlfleet.v1.EnvService", "method": "Close"},
+                              {"service": "rlfleet.v1.EnvService", "method": "ListTasks"}]
+    assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE"]
+    assert method["retryPolicy"]["maxAttempts"] == 4
+    assert service_config("rlfleet.v1.EnvService", set(), RetryPolicy()) is None
+    assert service_config(None, set(), RetryPolicy(max_attempts=1)) is None
+    for bad in ({"max_attempts": 6}, {"max_attempts": 0}, {"initial_backoff_s": 0},
+                {"initial_backoff_s": 3.0, "max_backoff_s": 1.0}):
+        with pytest.raises(ValueError):
+            RetryPolicy(**bad)
+
+
+def test_only_the_idempotent_methods_are_resent(server) -> None:
+    srv, servicer = server
+    once = RpcClient(srv.address, service=SERVICE, idempotent={"ListTasks"}, backoff_s=0.01)
+    with pytest.raises(grpc.RpcError) as err:
+        once.call(env_pb2_grpc.EnvServiceStub, "Open", open_request("unavailable"))
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert servicer.calls == 1  # not named idempotent: answered once
+    resent = RpcClient(srv.address, service=SERVICE, idempotent={"Open"}, backoff_s=0.01)
+    with pytest.raises(grpc.RpcError):
+        resent.call(env_pb2_grpc.EnvServiceStub, "Open", open_request("unavailable"))
+    assert servicer.calls == 1 + resent.policy.max_attempts  # re-sent by the channel
