@@ -17,8 +17,8 @@ class EnvClient(ServiceClient):
     STUB = env_pb2_grpc.EnvServiceStub
     # Open and Step are not re-sent: an Open the env applied before the answer was lost
     # would open a second set of episodes (held against the open-episode limit until
-    # they expire), a Step would move each episode twice. Close of a closed id only
-    # reports it not found.
+    # they expire), a Step would move each episode twice. A re-sent Close only reports
+    # the ids its first attempt closed as not found.
     IDEMPOTENT = frozenset({"Close", "ListTasks"})
 
     def open(self, tasks: Sequence[common_pb2.TaskSpec], *, include_image: bool = False,
