@@ -101,3 +101,10 @@ def test_a_resumed_run_adds_an_event_file_and_keeps_the_first(tmp_path: Path) ->
     second.close()
     got = read_event_scalars(tmp_path)
     assert got[("step/reward_mean", 1)][0] == 0.25 and got[("step/reward_mean", 2)][0] == 0.5
+
+
+def test_no_event_file_before_the_first_step_or_eval(tmp_path: Path) -> None:
+    board = TensorBoardLog(tmp_path)  # a learner that refuses to start gets this far
+    assert board.write({"event": "start", "time": 1.0, "step": 0}) == 0
+    board.close()
+    assert list(tmp_path.iterdir()) == []

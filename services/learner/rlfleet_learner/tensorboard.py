@@ -38,25 +38,30 @@ def scalars(doc: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, flo
 class TensorBoardLog:
     """Writes the scalars of each `step` and `eval` event to event files in `log_dir`.
 
-    tensorboardX is imported here, not at module import: only a learner that runs needs
-    it. Each event is flushed at once, so the files are whole whenever the learner
-    stops."""
+    The file is opened at the first such event (a learner that refuses to start leaves
+    none), and tensorboardX imported then, not at module import. Each event is flushed at
+    once, so the files are whole whenever the learner stops."""
 
     def __init__(self, log_dir: Path) -> None:
+        self.log_dir = Path(log_dir)
+        self._writer: Any = None
+
+    def _open(self) -> Any:
         from tensorboardX import SummaryWriter
 
-        self.log_dir = Path(log_dir)
         # A file of its own: tensorboardX names files by the second and the host, and a
         # learner resumed within the same second would otherwise overwrite its
         # predecessor's file (TensorBoard reads every file of the directory).
-        self._writer = SummaryWriter(
-            logdir=str(self.log_dir), filename_suffix=f".{os.getpid()}.{uuid.uuid4().hex[:8]}")
+        return SummaryWriter(logdir=str(self.log_dir),
+                             filename_suffix=f".{os.getpid()}.{uuid.uuid4().hex[:8]}")
 
     def write(self, doc: Mapping[str, Any]) -> int:
         """Writes `doc`'s scalars if it is a step or eval event; how many it wrote."""
         kind = doc.get("event")
         if kind not in SCALAR_EVENTS or "step" not in doc:
             return 0
+        if self._writer is None:
+            self._writer = self._open()
         written = 0
         for tag, value in scalars(doc):
             self._writer.add_scalar(f"{kind}/{tag}", value, global_step=int(doc["step"]),
@@ -66,4 +71,6 @@ class TensorBoardLog:
         return written
 
     def close(self) -> None:
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
