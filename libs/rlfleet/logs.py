@@ -7,7 +7,9 @@ plain-text handlers they install for themselves and propagate to the root, inclu
 library imported after set-up; an uncaught exception (main thread or any other) is one
 JSON line with its traceback, not a bare traceback on stderr. Progress bars (the Hugging
 Face libraries' tqdm bars, e.g. transformers' "Loading weights") are shown on a terminal
-only; a log file or a pod's log gets none.
+only; a log file or a pod's log gets none. vLLM's engine processes (started by vLLM, not
+set up here) format their records with the same JSON formatter, through the logging
+configuration vLLM reads from VLLM_LOGGING_CONFIG_PATH.
 
 Every line carries the keys in `COMMON_KEYS`; `extra=` fields follow. Values of keys that
 look like secrets are redacted, so a token passed by mistake in `extra=` never reaches
@@ -16,10 +18,12 @@ the log.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
 import sys
+import tempfile
 import threading
 from types import TracebackType
 from typing import Any
@@ -65,8 +69,8 @@ def _is_library(name: str) -> bool:
 
 
 class _RoutedLogger(logging.Logger):
-    """A library's logger whose records reach the root's JSON handler: handlers other
-    than the JSON one are refused, and propagation cannot be turned off. The class of
+    """A library's logger whose records reach the root's JSON handler, once: handlers of
+    its own are refused, and propagation cannot be turned off. The class of
     every logger created after `setup_logging` (it acts on library names only), and given
     to the library loggers that exist at set-up, so a library that configures itself
     later (ray.init, transformers' first get_logger) cannot add a plain-text handler."""
@@ -80,7 +84,7 @@ class _RoutedLogger(logging.Logger):
         self.__dict__["_propagate"] = value
 
     def addHandler(self, hdlr: logging.Handler) -> None:  # noqa: N802 - logging's name
-        if _is_library(self.name) and not isinstance(hdlr.formatter, JsonFormatter):
+        if _is_library(self.name):  # the root's JSON handler writes its records, once
             return
         super().addHandler(hdlr)
 
@@ -89,8 +93,7 @@ def _adopt(logger: logging.Logger) -> None:
     if type(logger) is logging.Logger:
         logger.__class__ = _RoutedLogger  # a subclass without state of its own
     for handler in list(logger.handlers):
-        if not isinstance(handler.formatter, JsonFormatter):
-            logger.removeHandler(handler)
+        logger.removeHandler(handler)
     logger.propagate = True
 
 
@@ -132,6 +135,31 @@ def _no_progress_bars() -> None:
         sys.modules["huggingface_hub"].utils.disable_progress_bars()
 
 
+def vllm_logging_config(service: str, level: str) -> dict[str, Any]:
+    """The logging.config.dictConfig vLLM applies in the processes it starts (its engine
+    core): this module's JSON lines on stderr, as `service`."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": f"{__name__}.JsonFormatter", "service": service}},
+        "handlers": {"json": {"class": "logging.StreamHandler", "formatter": "json",
+                              "stream": "ext://sys.stderr"}},
+        "loggers": {"vllm": {"handlers": ["json"], "level": level.upper(),
+                             "propagate": False}},
+    }
+
+
+def _configure_vllm(service: str, level: str) -> None:
+    # Only where vLLM is installed (the GPU image, the vllm venv), and never over an
+    # operator's own file. One file per service, rewritten with the same content.
+    if "VLLM_LOGGING_CONFIG_PATH" in os.environ or importlib.util.find_spec("vllm") is None:
+        return
+    path = os.path.join(tempfile.gettempdir(), f"rlfleet-vllm-logging-{service}.json")
+    with open(path, "w") as f:
+        json.dump(vllm_logging_config(service, level), f)
+    os.environ["VLLM_LOGGING_CONFIG_PATH"] = path
+
+
 def setup_logging(service: str, level: str = "INFO") -> None:
     """Routes the root logger to stderr as JSON lines, with warnings, library loggers and
     uncaught exceptions. Safe to call more than once (again after a library such as Ray
@@ -145,5 +173,6 @@ def setup_logging(service: str, level: str = "INFO") -> None:
     adopt_library_loggers()
     if not sys.stderr.isatty():
         _no_progress_bars()
+    _configure_vllm(service, level)
     sys.excepthook = _log_uncaught
     threading.excepthook = _thread_hook
