@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rlfleet.local.stack import LocalStack, start_stack
 from rlfleet.fleet import ReplicaDirectory, connect
+from rlfleet.local.stack import LocalStack, start_stack
 from rlfleet.storage import RunsRoot, latest_complete_checkpoint, list_versions
 from tests import factories
 from tests.factories import NO_EVAL, SFT

@@ -10,10 +10,10 @@ import grpc
 import pytest
 
 from rlfleet.fleet import (
-    AdapterRecord,
     AdapterDirectory,
-    ReplicaInfo,
+    AdapterRecord,
     ReplicaDirectory,
+    ReplicaInfo,
     connect,
 )
 from rlfleet.fleet.adapters import PendingVersion

@@ -24,7 +24,7 @@ from rlfleet.clients.rollout_pool import (
     InsufficientCapacity,
     RolloutPool,
 )
-from rlfleet.fleet import ReplicaInfo, ReplicaDirectory, connect
+from rlfleet.fleet import ReplicaDirectory, ReplicaInfo, connect
 from rlfleet.rpc import RpcClient
 from rlfleet.rpc.server import GrpcServer, ServerConfig
 from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc

@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from rlfleet import limits
-from rlfleet.local.procs import ProcessGroup
 from rlfleet.fleet import AdapterDirectory, connect, keys
+from rlfleet.local.procs import ProcessGroup
 from rlfleet.rpc.client import open_channel
 from rlfleet.rpc.health import check
 from rlfleet.storage import PathOutsideRunsRoot, RunsRoot, publish_adapter_dir

@@ -28,8 +28,8 @@ import redis as redis_lib
 import yaml
 
 from rlfleet.clients.rollout_pool import RolloutPool
-from rlfleet.local.procs import free_port
 from rlfleet.fleet import FleetAuthError, ReplicaDirectory, connect
+from rlfleet.local.procs import free_port
 from rlfleet.rpc.health import check
 from rlfleet.v1 import common_pb2, sync_pb2
 from rlfleet_learner.publisher import AdapterPublisher

@@ -27,8 +27,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from rlfleet.clients.rollout_pool import RolloutPool
-from rlfleet.local.procs import ProcessGroup, free_port, rlfleet_argv
 from rlfleet.fleet import AdapterDirectory, connect
+from rlfleet.local.procs import ProcessGroup, free_port, rlfleet_argv
 from rlfleet.rpc import RpcClient
 from rlfleet.rpc.client import open_channel
 from rlfleet.rpc.health import check

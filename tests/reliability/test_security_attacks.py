@@ -30,9 +30,9 @@ import pytest
 import yaml
 
 from rlfleet.clients.rollout_pool import RolloutPool
-from rlfleet.local.procs import Proc, free_port, rlfleet_argv
-from rlfleet.fleet import AdapterDirectory, ReplicaDirectory, connect, keys, fleet_signing_key
+from rlfleet.fleet import AdapterDirectory, ReplicaDirectory, connect, fleet_signing_key, keys
 from rlfleet.fleet.identity import sign_document
+from rlfleet.local.procs import Proc, free_port, rlfleet_argv
 from rlfleet.rpc import RpcClient
 from rlfleet.rpc.client import open_channel
 from rlfleet.rpc.health import check

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from rlfleet.fleet import AdapterDirectory, AdapterRecord, connect
 from rlfleet.local.procs import ProcessGroup
-from rlfleet.fleet import AdapterRecord, AdapterDirectory, connect
 from rlfleet.storage import (
     RunsRoot,
     latest_version,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from rlfleet.fleet import ReplicaInfo, ReplicaDirectory, connect, keys
+from rlfleet.fleet import ReplicaDirectory, ReplicaInfo, connect, keys
 
 
 def test_heartbeat_round_trips_capacity(redis_url: str) -> None:

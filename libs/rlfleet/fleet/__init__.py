@@ -9,7 +9,7 @@ Redis is a hint: with the fleet's token, heartbeats and acknowledgements are sig
 only verified ones count (see `identity`); ckpt-sync checks `latest` against /shared.
 """
 
-from rlfleet.fleet.adapters import AdapterRecord, AdapterDirectory
+from rlfleet.fleet.adapters import AdapterDirectory, AdapterRecord
 from rlfleet.fleet.connection import (
     FleetAuthError,
     connect,
@@ -18,7 +18,7 @@ from rlfleet.fleet.connection import (
     verify_credentials,
 )
 from rlfleet.fleet.identity import fleet_signing_key
-from rlfleet.fleet.replicas import ReplicaInfo, ReplicaDirectory
+from rlfleet.fleet.replicas import ReplicaDirectory, ReplicaInfo
 
 __all__ = ["AdapterRecord", "AdapterDirectory", "FleetAuthError", "ReplicaInfo",
            "ReplicaDirectory", "connect", "fleet_store_full", "fleet_signing_key",

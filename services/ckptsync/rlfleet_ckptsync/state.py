@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import redis
 from prometheus_client import Counter, Gauge, Histogram
 
-from rlfleet.fleet import AdapterRecord, AdapterDirectory, ReplicaDirectory, fleet_store_full
+from rlfleet.fleet import AdapterDirectory, AdapterRecord, ReplicaDirectory, fleet_store_full
 from rlfleet.fleet.adapters import parse_record
 from rlfleet.storage import (
     AdapterVerificationError,

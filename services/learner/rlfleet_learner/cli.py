@@ -13,57 +13,39 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from rlfleet.cliargs import LOG_LEVELS
+from rlfleet.cliargs import LOG_LEVELS, add_set_flag, assignments
 
 # Registering `rlfleet learner` imports no more than this; yaml, pydantic, ray and torch
 # are imported by the functions that use them.
 log = logging.getLogger(__name__)
 
 
-# Environment variables a deployment sets (the Helm chart does) and the config fields they
-# override: the fleet's addresses belong to the deployment, not to the training recipe.
-ENV_OVERRIDES = {
-    "RLFLEET_RUN": ("run",),
-    "RLFLEET_REDIS_URL": ("fleet", "redis_url"),
-    "RLFLEET_SYNC_ADDRESS": ("fleet", "sync_address"),
-    "RLFLEET_RUNS_ROOT": ("fleet", "runs_root"),
-    "RLFLEET_MODEL": ("model", "path"),
+# Every field reads RLFLEET_<FIELD> / RLFLEET_<SECTION>__<FIELD> (rlfleet.config). These
+# shorter names are the ones a deployment sets for every pod (the Helm chart does): the
+# fleet's addresses belong to the deployment, not to the training recipe.
+ENV_ALIASES = {
+    "RLFLEET_REDIS_URL": "fleet.redis_url",
+    "RLFLEET_SYNC_ADDRESS": "fleet.sync_address",
+    "RLFLEET_RUNS_ROOT": "fleet.runs_root",
+    "RLFLEET_MODEL": "model.path",
 }
 
 
 def learner_config(path: str | Path, env: Mapping[str, str], **flags: object):  # noqa: ANN201
-    """The learner config: the YAML file, then ENV_OVERRIDES, then flags (steps, run)."""
-    import yaml
-    from pydantic import ValidationError
-
-    from rlfleet.config import ConfigError, validation_summary
+    """The learner config: the YAML file, then the environment, then flags (steps, run)."""
+    from rlfleet.config import ConfigError, load_config, read_config_file
     from rlfleet_learner.config import LearnerConfig
 
-    try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping")
     # A deployment names the run (the chart's RLFLEET_RUN); a config file that names
     # another would be renamed behind its author's back: refuse instead.
-    if env.get("RLFLEET_RUN") and data.get("run") and env["RLFLEET_RUN"] != data["run"]:
+    named = read_config_file(path).get("run")
+    if env.get("RLFLEET_RUN") and named and env["RLFLEET_RUN"] != named:
         raise ConfigError(
-            f"{path} names the run {data['run']!r} but RLFLEET_RUN={env['RLFLEET_RUN']!r}: "
+            f"{path} names the run {named!r} but RLFLEET_RUN={env['RLFLEET_RUN']!r}: "
             "give both the same name, or drop `run` from the file (the chart's `run` value "
             "sets RLFLEET_RUN)")
-    for name, keys in ENV_OVERRIDES.items():
-        if env.get(name):
-            node = data
-            for key in keys[:-1]:
-                node = node.setdefault(key, {})
-            node[keys[-1]] = env[name]
-    data.update({k: v for k, v in flags.items() if v is not None})
-    try:
-        return LearnerConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(f"invalid learner configuration {path}: "
-                          f"{validation_summary(exc)}") from exc
+    return load_config(LearnerConfig, path, overrides=flags, env=env, aliases=ENV_ALIASES,
+                       what=f"learner configuration {path}")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -80,7 +62,10 @@ def _run(args: argparse.Namespace) -> int:
     from rlfleet_learner.ray_logs import relay_worker_output
 
     try:
-        cfg = learner_config(args.config, os.environ, steps=args.steps, run=args.run)
+        named = {"steps": args.steps, "run": args.run}
+        flags = {**assignments(args.set_values),
+                 **{k: v for k, v in named.items() if v is not None}}
+        cfg = learner_config(args.config, os.environ, **flags)
     except ConfigError as exc:
         print(f"rlfleet learner: {exc}", file=sys.stderr)
         return 2
@@ -150,6 +135,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--steps", type=int, default=None,
                      help="steps to train (default: the config's)")
     run.add_argument("--run", default=None, help="run name (default: the config's)")
+    add_set_flag(run)
     run.add_argument("--metrics-port", type=int, default=None,
                      help="Prometheus port (default: RLFLEET_METRICS_PORT, else no endpoint)")
     run.add_argument("--metrics-host", default="127.0.0.1",

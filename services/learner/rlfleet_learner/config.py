@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from rlfleet import defaults
 from rlfleet.grpo import GRPOConfig
 from rlfleet.maze.tasks import EVAL_SEEDS, HELDOUT_SEEDS
 from rlfleet.names import CONTEXTS
@@ -109,8 +109,8 @@ class CheckpointConfig(_Strict):
 
 class FleetConfig(_Strict):
     redis_url: str = "redis://127.0.0.1:6379/0"
-    sync_address: str = "127.0.0.1:50053"
-    runs_root: Path = Path(os.environ.get("RLFLEET_RUNS_ROOT", "/shared/runs"))
+    sync_address: str = defaults.local_address(defaults.CKPTSYNC_PORT)
+    runs_root: Path = defaults.RUNS_ROOT  # RLFLEET_RUNS_ROOT in a deployment (cli.py)
     min_replicas: int = Field(1, ge=1)  # wait for this many replicas to serve a new version
     sync_timeout_s: float = Field(300, gt=0)
     max_groups_in_flight: int = Field(8, ge=1)
@@ -141,7 +141,9 @@ class LearnerConfig(_Strict):
     calibrate_step: int = Field(0, ge=0)
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
-    grpo: dict = Field(default_factory=dict)  # GRPOConfig fields
+    # data.temperature reaches grpo.temperature (the learner's logprobs use the sampling
+    # temperature); the section need not repeat it
+    grpo: GRPOConfig = GRPOConfig()
     optim: OptimConfig = OptimConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
@@ -150,7 +152,14 @@ class LearnerConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> LearnerConfig:
-        self.grpo_config()  # validates the GRPO fields with their own messages
+        if "temperature" not in self.grpo.model_fields_set:
+            self.grpo = self.grpo.model_copy(update={"temperature": self.data.temperature})
+        elif self.grpo.temperature != self.data.temperature:
+            raise ValueError(
+                f"grpo.temperature={self.grpo.temperature:g} differs from "
+                f"data.temperature={self.data.temperature:g}, the temperature replicas "
+                "sample at: the importance ratio would compare unlike logprobs (drop "
+                "grpo.temperature)")
         if self.deterministic and self.mode != "sync":
             raise ValueError("deterministic runs need mode: sync")
         self._check_device()
@@ -167,7 +176,3 @@ class LearnerConfig(_Strict):
         if m.device == "cpu" and m.torch_dtype() == "float16":
             raise ValueError("model.dtype float16 on device cpu: CPUs train in float32 or "
                              "bfloat16 (float16 is for GPUs)")
-
-    def grpo_config(self) -> GRPOConfig:
-        fields = {"temperature": self.data.temperature, **self.grpo}
-        return GRPOConfig.from_mapping(fields)

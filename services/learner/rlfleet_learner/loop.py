@@ -249,7 +249,7 @@ class Learner:
     def _async_requests(self) -> Iterator[rollout_pb2.GroupRequest]:
         """Endless requests over the untrained seeds, each asking for a version at most
         max_staleness behind the learner's current one."""
-        max_staleness = self.cfg.grpo_config().max_staleness
+        max_staleness = self.cfg.grpo.max_staleness
         per_step = self.cfg.data.groups_per_step
         for n, seed in enumerate(self.state.cursor.untrained()):
             step, index = self.state.step + n // per_step, n % per_step
@@ -307,7 +307,7 @@ class Learner:
             feed = GroupFeed(self.pool, self._async_requests(),
                              max_in_flight=cfg.fleet.max_groups_in_flight,
                              max_queued=cfg.data.groups_per_step
-                             * (cfg.grpo_config().max_staleness + 1))
+                             * (cfg.grpo.max_staleness + 1))
         try:
             while self.state.step < cfg.steps and not self.stop.is_set():
                 if not self._one_step(feed):
@@ -348,7 +348,7 @@ class Learner:
             return False
         t1 = time.perf_counter()
         keyed = [(request.idempotency_key, ts) for request, ts in groups]
-        rows, batch, signal = build_rows(keyed, self.state.version, self.cfg.grpo_config(),
+        rows, batch, signal = build_rows(keyed, self.state.version, self.cfg.grpo,
                                          self.vision_ids)
         trajectories = [t for _, ts in keyed for t in ts]
         t2 = time.perf_counter()

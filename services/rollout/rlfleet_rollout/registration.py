@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 import redis
 
 from rlfleet.fleet import (
-    AdapterRecord,
     AdapterDirectory,
-    ReplicaInfo,
+    AdapterRecord,
     ReplicaDirectory,
+    ReplicaInfo,
     fleet_unavailable_reason,
 )
 from rlfleet.fleet.adapters import PendingVersion

@@ -9,14 +9,15 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from rlfleet import defaults
 from rlfleet.names import ENGINE_NAMES
 from rlfleet.policy.profiles import PROFILES
 from rlfleet.service import ServiceSettings
 
 
 class RolloutSettings(ServiceSettings):
-    port: int = Field(50052, ge=0, le=65535)
-    metrics_port: int | None = Field(9102, ge=0, le=65535)
+    port: int = Field(defaults.ROLLOUT_PORT, ge=0, le=65535)
+    metrics_port: int | None = Field(defaults.ROLLOUT_METRICS_PORT, ge=0, le=65535)
     engine: Literal[ENGINE_NAMES] = "hf"  # type: ignore[valid-type]  # the proto enum Engine
     # extra keyword arguments for the engine, e.g. for vllm {"max_lora_rank": 64,
     # "gpu_memory_utilization": 0.85, "dtype": "bfloat16"}
@@ -26,11 +27,11 @@ class RolloutSettings(ServiceSettings):
     model_cache: Path = Path(os.environ.get("RLFLEET_CACHE", "~/.cache/rlfleet")).expanduser()
     device: str = "cpu"
     torch_threads: int | None = Field(None, ge=1)
-    env_address: str = "127.0.0.1:50051"
+    env_address: str = defaults.local_address(defaults.ENV_PORT)
     reward_address: str = ""  # "" = the env address (one env/reward process)
     redis_url: str = ""  # "" = no registry: no heartbeats, no hot-load events
     sync_address: str = ""  # ckpt-sync, for acknowledgements; "" = none
-    runs_root: Path = Path("/shared/runs")
+    runs_root: Path = defaults.RUNS_ROOT
     run: str = "default"
     replica_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     advertise_address: str = ""  # how the learner reaches us; "" = host:port
