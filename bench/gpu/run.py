@@ -11,13 +11,14 @@ history, up to 15 turns, LoRA r32). It measures
 3. save -> load of the r32 adapter (the learner's adapter files, written and fsynced;
    loaded by PEFT as the engine's hot swap loads a version).
 
-Needs only torch, transformers and peft (the GPU machine has no vLLM, Ray or Redis).
+Needs torch, transformers, peft and pydantic (the GPU machine has no vLLM, Ray or Redis,
+and no pydantic: bench/gpu/device.sh installs the wheels bench/gpu/prepare.sh fetched).
 Writes JSON (``--out``, default $OUT/bench_gpu.json or bench/results/bench_gpu.json)
 and prints a table; stops starting new phases once ``--budget-s`` has passed, so it ends
 well inside 8 minutes. ``--small``: a scaled-down architecture (bench/gpu/model.py) that
 runs on the CPU in well under 2 minutes (what tests/unit/test_bench_gpu.py runs).
 
-    python bench/gpu/run.py            # on the GPU machine
+    bash bench/gpu/device.sh           # on the GPU machine (after bench/gpu/prepare.sh)
     python bench/gpu/run.py --small    # anywhere
 """
 

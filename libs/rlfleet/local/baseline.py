@@ -134,15 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.env_address:
         run(args.env_address, args.out, args.task)
         return 0
-    from rlfleet.local.procs import ProcessGroup, free_port, rlfleet_argv
+    from rlfleet.local.procs import ProcessGroup, free_port, serve_argv
 
     with ProcessGroup(args.out.parent / "logs") as group:
         port = free_port()
         address = f"127.0.0.1:{port}"
         print(f"starting env service on {address}", flush=True)
-        group.start_service("env", rlfleet_argv("env", "serve", "--port", str(port),
-                                                "--metrics-port", str(free_port()),
-                                                "--insecure-no-auth"), address)
+        # auth off: the service binds loopback and lives only as long as this command
+        group.start_service("env", serve_argv("env", args.out.parent / "configs", "env", {
+            "port": port, "metrics_port": free_port(), "auth": "none"}), address)
         run(address, args.out, args.task)
     return 0
 

@@ -14,26 +14,10 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from rlfleet.config import fleet_token
-from rlfleet.local.procs import Proc, ProcessGroup, free_port, rlfleet_argv
+from rlfleet.local.procs import Proc, ProcessGroup, free_port, serve_argv
 from rlfleet.local.redis import start_redis
-
-
-def serve_argv(service: str, config_dir: Path, name: str, settings: dict[str, Any],
-               *extra: str) -> list[str]:
-    """`rlfleet SERVICE serve --config FILE`, FILE the process's settings written as YAML
-    into `config_dir` (named for the process): the services' documented config files,
-    not their flags, are what this library speaks; the file stays beside the logs to
-    show how each process ran. `extra` flags (a caller's) override the file."""
-    config_dir.mkdir(parents=True, exist_ok=True)
-    path = config_dir / f"{name}.yaml"
-    plain = {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()}
-    path.write_text(yaml.safe_dump(plain, sort_keys=True))
-    return rlfleet_argv(service, "serve", "--config", str(path), *extra)
 
 
 def auth_env(token: str | None) -> dict[str, str]:
