@@ -32,6 +32,15 @@ def test_the_chart_defines_the_libraries_ports() -> None:
     assert defined_ports() == CHART_PORTS
 
 
+def test_the_chart_defines_the_libraries_runs_root() -> None:
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    assert re.findall(r'define "rlfleet\.runsRoot" -}}([^{]+){{', helpers) == \
+        [str(defaults.RUNS_ROOT)]
+    for template in (CHART / "templates").rglob("*.yaml"):
+        assert str(defaults.RUNS_ROOT) not in template.read_text(), \
+            f"{template.name} spells the runs root; use include \"rlfleet.runsRoot\""
+
+
 def test_no_template_spells_a_port_itself() -> None:
     numbers = "|".join(str(p) for p in CHART_PORTS.values())
     for template in (CHART / "templates").rglob("*"):

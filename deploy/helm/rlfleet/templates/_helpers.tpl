@@ -8,6 +8,8 @@
 {{- define "rlfleet.port.rolloutMetrics" -}}9102{{- end -}}
 {{- define "rlfleet.port.ckptsyncMetrics" -}}9103{{- end -}}
 {{- define "rlfleet.port.learnerMetrics" -}}9104{{- end -}}
+{{- /* Where runs live on the shared volume (rlfleet.defaults.RUNS_ROOT). */}}
+{{- define "rlfleet.runsRoot" -}}/shared/runs{{- end -}}
 
 {{/* Names ---------------------------------------------------------------------- */}}
 
@@ -138,7 +140,7 @@ helm.sh/chart: {{ include "rlfleet.chart" .root }}
 - name: RLFLEET_REDIS_URL
   value: {{ include "rlfleet.redisUrl" . | quote }}
 - name: RLFLEET_RUNS_ROOT
-  value: /shared/runs
+  value: {{ include "rlfleet.runsRoot" . }}
 - name: RLFLEET_RUN
   value: {{ .Values.run | quote }}
 - name: RLFLEET_ENV_ADDRESS
