@@ -49,8 +49,12 @@ vllm-venv: venv
 run: setup
 	$(PYTHON) -m rlfleet.local.run
 
+# The suite on every core (pytest-xdist); tests that must share one worker say so with
+# xdist_group marks (--dist loadgroup). TEST_WORKERS=1 runs it serially;
+# RLFLEET_TEST_WAIT_SCALE=2 doubles every deadline on a busy machine (README).
+TEST_WORKERS ?= auto
 test: setup vllm-venv helm-tools apiserver
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 baseline: setup
 	$(PYTHON) -m rlfleet.local.baseline

@@ -1,4 +1,6 @@
-"""Fixtures shared by the test suite: local process groups, a real env service."""
+"""Fixtures shared by the test suite: local process groups, a real env service; and the
+suite's own rules: deadlines scaled by one factor (tests/waits.py), a per-test time-out
+that names a hung test, and no process left behind (tests/leaks.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from rlfleet.local.procs import Proc, ProcessGroup, free_port, rlfleet_argv
+from tests import leaks
+from tests.waits import ENV as WAIT_SCALE_ENV
+from tests.waits import SCALE, scaled
 
 # tests/vllm run under the vllm venv's interpreter, where vLLM imports; the main venv runs
 # them there through tests/integration/test_vllm_engine.py.
@@ -27,9 +32,44 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("RLFLEET_AUTH", "none")
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"waits scaled by {SCALE:g} ({WAIT_SCALE_ENV})"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Every process this pytest process starts inherits the mark (xdist workers set their
+    # own), so what outlives the session can be found, whoever its parent was by then.
+    leaks.mark_this_session()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """xdist groups by marker, and the per-test time-out (pyproject's `timeout`, or a
+    test's own mark) scaled like every other deadline; pytest-timeout reads the closest
+    mark, so this one wins."""
+    default = float(config.getini("timeout") or 0)
+    for item in items:
+        # The vLLM tier on one xdist worker: an engine takes both cores while it compiles
+        # and serves, and two at once only slow each other down.
+        if item.get_closest_marker("vllm") and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group("vllm"))
+        mark = item.get_closest_marker("timeout")
+        base = float(mark.args[0]) if mark and mark.args else default
+        if base:
+            item.add_marker(pytest.mark.timeout(scaled(base)), append=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_left_behind() -> Iterator[None]:
+    """Set up first, torn down last: after every other fixture has stopped what it
+    started, nothing this session started may still run."""
+    yield
+    leaks.assert_none_left(grace_s=scaled(10))
+
+
 @pytest.fixture
 def procs(tmp_path: Path) -> Iterator[ProcessGroup]:
-    group = ProcessGroup(tmp_path / "logs")
+    group = ProcessGroup(tmp_path / "logs", wait_scale=SCALE)
     yield group
     group.stop_all(grace_s=5)
 

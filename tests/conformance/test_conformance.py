@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from rlfleet.conformance.checks import Target, all_checks, checks_for, run_check
+from tests.waits import SCALE
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = ROOT / "tests" / "plugins" / "site"
@@ -61,7 +62,7 @@ def target(request, tmp_path_factory):
         return
     from rlfleet.local.procs import ProcessGroup, free_port, rlfleet_argv
 
-    group = ProcessGroup(tmp_path_factory.mktemp("conformance"))
+    group = ProcessGroup(tmp_path_factory.mktemp("conformance"), wait_scale=SCALE)
     port = free_port()
     args = SERVICES[request.param]
     env = {"RLFLEET_AUTH_TOKEN": TOKEN, "PYTHONPATH": _pythonpath(PLUGINS, EXAMPLE)}

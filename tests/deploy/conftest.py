@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.waits import scaled
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "rlfleet"
 HYPERPOD = CHART / "values-hyperpod.yaml"
@@ -40,7 +42,8 @@ def _run(
     timeout: float = 300,
     cwd: Path = ROOT,
 ) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=scaled(timeout))
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{' '.join(map(str, argv))} exited {proc.returncode}\n"

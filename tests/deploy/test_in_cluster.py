@@ -28,11 +28,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.waits import wait_until
+
 from .conftest import ROOT, SCRIPTS, _run
 
 # pytest-timeout counts the module fixture's set-up (image builds, loading: minutes, more on
 # a fresh machine) in the first test, and the GRPO run takes minutes of its own.
-pytestmark = [pytest.mark.deploy, pytest.mark.slow, pytest.mark.timeout(3600)]
+# One worker (xdist) owns the node: a second cluster on this host would share its network
+# namespace name and the node's kubepods cgroups.
+pytestmark = [pytest.mark.deploy, pytest.mark.slow, pytest.mark.timeout(3600),
+              pytest.mark.xdist_group("cluster")]
 
 RELEASE = "rlfleet"
 RUN = "cluster-grpo"
@@ -101,13 +106,7 @@ class Fleet:
 
 
 def wait_for(fn, timeout: float, what: str, diagnose=lambda: ""):  # noqa: ANN001, ANN201
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(2)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{diagnose()}")
+    return wait_until(what, fn, timeout, period_s=2, diagnose=diagnose)
 
 
 def gauge(text: str, name: str) -> dict[str, float]:

@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from rlfleet.fleet import ReplicaDirectory, connect
+from rlfleet.local.procs import ProcessGroup
 from rlfleet.local.stack import LocalStack, start_stack
 from rlfleet.storage import RunsRoot, latest_complete_checkpoint, list_versions
 from tests import factories
 from tests.factories import NO_EVAL, SFT
 from tests.unit.test_learner_tensorboard import expected_scalars, read_event_scalars
+from tests.waits import SCALE
 
 # the shipped SFT policy sampled hot (T = 3), in short episodes
 SHORT_EPISODES = {"groups_per_step": 2, "group_size": 4, "max_turns": 4, "temperature": 3.0}
@@ -24,14 +26,23 @@ SHORT_RUN = {"eval": {"every": 0, "eval_seeds": 4, "heldout_seeds": 4},
              "checkpoint": {"every": 1, "keep_last": 5}}
 
 
-@pytest.fixture
-def stack(tmp_path: Path, procs):  # noqa: ANN201
+# One fleet for the module, on one xdist worker: no test here stops or kills a service of
+# it (each runs learners against it, on runs of their own), so starting it once is enough.
+pytestmark = pytest.mark.xdist_group("e2e-training-run")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     # The shipped SFT policy sampled hot (T = 3) writes a mix of valid and invalid actions,
     # so the format+task reward varies within every group and every step trains.
-    s = start_stack(tmp_path, runs_root=tmp_path / "runs", run="e2e",
-                    model_dir=SFT, replicas=2, reward="format+task", group=procs)
-    yield s
-    s.close()
+    work = tmp_path_factory.mktemp("stack")
+    group = ProcessGroup(work / "logs", wait_scale=SCALE)
+    try:
+        s = start_stack(work, runs_root=work / "runs", run="e2e",
+                        model_dir=SFT, replicas=2, reward="format+task", group=group)
+        yield s
+    finally:
+        group.stop_all()
 
 
 def learner_config(stack: LocalStack, tmp_path: Path, run: str, model_dir: Path, **over
@@ -74,7 +85,7 @@ def test_a_short_training_run(stack: LocalStack, tmp_path: Path) -> None:
     root = RunsRoot(stack.runs_root)
     assert list_versions(root, "e2e")[-1] == 4  # initial + one per step
     assert latest_complete_checkpoint(root, "e2e").name == "step_000003"
-    live = ReplicaDirectory(connect(stack.redis_url)).live()
+    live = [r for r in ReplicaDirectory(connect(stack.redis_url)).live() if r.run == "e2e"]
     assert sorted(r.adapter_version for r in live) == [4, 4]  # both replicas serve the last
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["step"] == 3 and summary["last_eval"]["eval"]["episodes"] == 4

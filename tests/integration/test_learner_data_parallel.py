@@ -16,6 +16,7 @@ from rlfleet.grpo import TrainSample
 from rlfleet.maze.tasks import new_episode
 from rlfleet.policy import ChatCodec, load_processor
 from rlfleet_learner.config import LearnerConfig
+from rlfleet_learner.ray_start import init_local_ray
 from rlfleet_learner.workers import TrainerGroup
 
 
@@ -48,7 +49,7 @@ def rows(model_dir, n: int = 6) -> list[TrainSample]:  # noqa: ANN001
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False,
+    init_local_ray(num_cpus=2, include_dashboard=False,
              object_store_memory=128 * 1024 * 1024, configure_logging=False,
              log_to_driver=False)
     yield

@@ -14,6 +14,7 @@ import ray
 from rlfleet.grpo import register_advantage_estimator
 from rlfleet.grpo.advantages import ADVANTAGE_ESTIMATORS, group_normalized_advantages
 from rlfleet_learner.config import LearnerConfig
+from rlfleet_learner.ray_start import init_local_ray
 from rlfleet_learner.workers import TrainerGroup, TrainWorker
 
 PLUGIN_SITE = Path(__file__).resolve().parents[1] / "plugins" / "site"
@@ -24,7 +25,7 @@ def local_ray():
     # The test plugin package is "installed" for the workers the way it is for the driver
     # in the entry-point test: its directory on their path.
     path = os.pathsep.join(p for p in (str(PLUGIN_SITE), os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(address="local", num_cpus=1, include_dashboard=False,
+    init_local_ray(num_cpus=1, include_dashboard=False,
              object_store_memory=96 * 1024 * 1024, configure_logging=False,
              log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
     yield

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +31,7 @@ from rlfleet.v1 import (
     sync_pb2,
     sync_pb2_grpc,
 )
+from tests.waits import scaled, wait_until  # noqa: F401 - re-exported to the tests
 
 Rollout = rollout_pb2_grpc.RolloutServiceStub
 Sync = sync_pb2_grpc.SyncServiceStub
@@ -100,22 +101,6 @@ def metric_total(name: str) -> float:
 
     return sum(sample.value for metric in REGISTRY.collect() if metric.name == name
                for sample in metric.samples if sample.name.endswith("_total"))
-
-
-def wait_until(what: str, predicate: Callable[[], object], timeout_s: float = 60.0,
-               period_s: float = 0.1) -> object:
-    """Polls `predicate` until truthy (returns its value); fails the test after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    last_exc: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception as exc:  # noqa: BLE001 - the condition may not be checkable yet
-            last_exc = exc
-        time.sleep(period_s)
-    raise AssertionError(f"timed out waiting for {what} (last error: {last_exc!r})")
 
 
 @dataclass
@@ -202,7 +187,7 @@ class Fleet:
             for proc in started:
                 self.replicas[proc.name] = proc
             return started
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + scaled(timeout_s)
         for proc in started:
             while check(proc.address or "", timeout_s=1.0, tls=tls) != "SERVING":
                 if not proc.alive or time.monotonic() > deadline:

@@ -42,6 +42,7 @@ from rlfleet.v1 import (
 )
 from tests.factories import adapter_files
 from tests.reliability.conftest import METHODS, Fleet, metric_value, wait_until
+from tests.waits import SCALE
 
 SC = grpc.StatusCode
 CLIENT_MISTAKE = {SC.OK, SC.INVALID_ARGUMENT, SC.NOT_FOUND, SC.FAILED_PRECONDITION,
@@ -118,7 +119,7 @@ def expect_client_status(method: str, code: SC, details: object,
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Target]:
     tmp = tmp_path_factory.mktemp("fuzz")
-    procs = ProcessGroup(tmp / "logs")
+    procs = ProcessGroup(tmp / "logs", wait_scale=SCALE)
     root = RunsRoot(tmp / "runs")
     root.root.mkdir(parents=True)
     for v in (1, 2):

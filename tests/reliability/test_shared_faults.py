@@ -42,12 +42,13 @@ from tests.reliability.conftest import (
     stream_code,
     wait_until,
 )
+from tests.waits import SCALE
 
 
 @pytest.fixture(scope="module")
 def sfleet(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("shared-faults")
-    procs = ProcessGroup(tmp / "logs")
+    procs = ProcessGroup(tmp / "logs", wait_scale=SCALE)
     root = RunsRoot(tmp / "runs")
     root.root.mkdir(parents=True)
     fleet = Fleet(procs, root, "rel", tiny_model_dir)

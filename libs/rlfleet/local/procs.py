@@ -49,8 +49,12 @@ class Proc:
 
 
 class ProcessGroup:
-    def __init__(self, log_dir: Path) -> None:
+    """`wait_scale` multiplies every readiness deadline: a caller on a busy machine (the
+    test suite under load) gives its processes longer to come up, not less work."""
+
+    def __init__(self, log_dir: Path, wait_scale: float = 1.0) -> None:
         self.log_dir = Path(log_dir)
+        self.wait_scale = wait_scale
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.procs: list[Proc] = []
 
@@ -85,6 +89,7 @@ class ProcessGroup:
     ) -> Proc:
         """Starts a gRPC service and waits until its health check says SERVING."""
         proc = self.start(name, argv, env=env, address=address)
+        timeout_s *= self.wait_scale
         deadline = time.monotonic() + timeout_s
         while True:
             if not proc.alive:

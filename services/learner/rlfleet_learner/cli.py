@@ -60,6 +60,7 @@ def _run(args: argparse.Namespace) -> int:
     from rlfleet.storage.checkpoints import CheckpointError as DamagedCheckpoint
     from rlfleet_learner.loop import FreshStartRefused, Learner, NoCheckpoint
     from rlfleet_learner.ray_logs import relay_worker_output
+    from rlfleet_learner.ray_start import init_local_ray
 
     try:
         named = {"steps": args.steps, "run": args.run}
@@ -95,10 +96,9 @@ def _run(args: argparse.Namespace) -> int:
     else:
         # address="local": a Ray of its own, even where another Ray runs on this machine
         # (ray.init() alone would join the newest one it finds).
-        ray.init(address="local", num_cpus=max(2, cfg.ray.num_workers),
-                 include_dashboard=False,
-                 object_store_memory=cfg.ray.object_store_mb * 1024 * 1024,
-                 log_to_driver=True, configure_logging=False)
+        init_local_ray(num_cpus=max(2, cfg.ray.num_workers), include_dashboard=False,
+                       object_store_memory=cfg.ray.object_store_mb * 1024 * 1024,
+                       log_to_driver=True, configure_logging=False)
     # ray.init puts its own SIGTERM handler in place (it kills the driver at once, with
     # the trainers' state unsaved and Ray's agents orphaned): ours goes back on top; and
     # may configure Ray's loggers: they go back to the JSON lines.

@@ -1,0 +1,35 @@
+"""Starting a Ray of the learner's own on this machine.
+
+Ray waits a fixed 30 s for its raylet to register with the GCS (`ray._private.node`, not
+configurable). On a busy machine (a CI run beside other work, two CPU-bound processes on
+two cores) that wait runs out although nothing is wrong, and `ray.init` raises "The
+current node timed out during startup". That one failure is retried, a bounded number of
+times, after `ray.shutdown()` has cleaned up the half-started node; any other error is
+raised at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+
+log = logging.getLogger(__name__)
+
+STARTUP_TIMEOUT = "timed out during startup"
+
+
+def init_local_ray(attempts: int = 4, **init_kwargs: Any) -> None:
+    """`ray.init(address="local", **init_kwargs)`, retrying Ray's start-up time-out up to
+    `attempts` times in all (30 s each, Ray's own wait)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(address="local", **init_kwargs)
+            return
+        except Exception as exc:  # Ray raises a bare Exception for this one
+            if STARTUP_TIMEOUT not in str(exc) or attempt == attempts:
+                raise
+            log.warning("Ray did not start within its 30 s wait (a busy machine); retrying",
+                        extra={"attempt": attempt, "attempts": attempts})
+            ray.shutdown()

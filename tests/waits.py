@@ -1,0 +1,59 @@
+"""How long the suite waits, in one place.
+
+Every deadline a test sets (a service coming up, a condition polled for, a subprocess, the
+per-test time-out) is a base figure for a quiet 2-core machine multiplied by one factor,
+`RLFLEET_TEST_WAIT_SCALE` (default 1). A busy machine (another build, `yes > /dev/null`
+twice) makes the suite slower, not red; raise the factor on a machine slower still. A
+deadline only bounds a wait for something that should happen: scaling it up costs nothing
+when the suite passes, and only delays the report of a test that hangs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+ENV = "RLFLEET_TEST_WAIT_SCALE"
+
+
+def _scale() -> float:
+    raw = os.environ.get(ENV, "1")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SystemExit(f"{ENV}={raw!r}: a positive number, e.g. 2") from None
+    if not value > 0:
+        raise SystemExit(f"{ENV}={raw!r}: a positive number, e.g. 2")
+    return value
+
+
+SCALE = _scale()
+
+
+def scaled(seconds: float) -> float:
+    """A base deadline (seconds on a quiet machine) as this run allows it."""
+    return seconds * SCALE
+
+
+def wait_until(what: str, predicate: Callable[[], T], timeout_s: float = 60.0,
+               period_s: float = 0.1, diagnose: Callable[[], str] = lambda: "") -> T:
+    """Polls `predicate` until truthy and returns its value; fails the test, naming `what`,
+    after `timeout_s` (scaled)."""
+    limit = scaled(timeout_s)
+    deadline = time.monotonic() + limit
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - the condition may not be checkable yet
+            last_exc = exc
+        time.sleep(period_s)
+    detail = diagnose()
+    raise AssertionError(f"timed out after {limit:.0f} s waiting for {what}"
+                         f" (last error: {last_exc!r})" + (f"\n{detail}" if detail else ""))
