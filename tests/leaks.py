@@ -16,6 +16,10 @@ import uuid
 from pathlib import Path
 
 MARK_ENV = "RLFLEET_TEST_SESSION"
+# The interpreter's own helpers: multiprocessing starts them in the pytest process (vLLM's
+# engine does) and they end with it, after the session; not something a test left running.
+INTERPRETER_HELPERS = ("from multiprocessing.resource_tracker import",
+                       "from multiprocessing.forkserver import")
 
 
 def mark_this_session() -> str:
@@ -53,6 +57,8 @@ def marked_processes(mark: str) -> dict[int, str]:
                 continue
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if any(helper in cmd for helper in INTERPRETER_HELPERS):
             continue
         found[int(entry.name)] = cmd.strip()[:200]
     return found

@@ -101,6 +101,7 @@ def test_resume_latest_without_a_checkpoint_says_so(stack: LocalStack, tmp_path:
     assert not (stack.runs_root / "nothing-yet" / "adapters").exists()  # started nothing
 
 
+@pytest.mark.timeout(1200)  # three learner runs, one after another
 def test_killed_and_resumed_run_is_bit_identical(stack: LocalStack, tmp_path: Path,
                                                  ) -> None:
     over = {"deterministic": True, "eval": NO_EVAL}
