@@ -71,6 +71,15 @@ QWEN3_VL_LAYOUT_TEMPLATE = """\
 """
 
 
+def scaled_8b_processor() -> PolicyProcessor:
+    """The scaled 8B's processor alone (tokenizer with the Qwen3-VL-layout chat template,
+    the 8B's image processor): what renders a chat as the 8B path does, without weights."""
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = QWEN3_VL_LAYOUT_TEMPLATE
+    return PolicyProcessor(image_processor=image_processor(SCALED_8B), tokenizer=tokenizer,
+                           chat_template=QWEN3_VL_LAYOUT_TEMPLATE)
+
+
 def build_scaled_8b(out_dir: Path, seed: int = 0, acting_head: bool = False) -> Path:
     """Writes the scaled-down 8B checkpoint to ``out_dir`` (fp32 weights, for the CPU).
 

@@ -20,14 +20,14 @@ from rlfleet.names import (
     to_wire,
 )
 from rlfleet.policy.contexts import CONTEXTS as POLICY_CONTEXTS
-from rlfleet.policy.contexts import PER_TURN_CONTEXTS
+from rlfleet.policy.contexts import FULL_HISTORY_CONTEXTS, PER_TURN_CONTEXTS
 from rlfleet.v1 import common_pb2
 from rlfleet_learner.config import DataConfig
 from rlfleet_rollout.settings import RolloutSettings
 
 
 def test_the_names_are_the_enum_values_without_prefix() -> None:
-    assert CONTEXTS == ("full", "last_frame", "frame_only")
+    assert CONTEXTS == ("full", "last_frame", "frame_only", "visgym")
     assert ACTION_FORMATS == ("literal", "tags", "visgym")
     assert ENGINE_NAMES == ("hf", "vllm")
     # every value but UNSPECIFIED has a name, in the order of the numbers
@@ -42,7 +42,8 @@ def test_every_user_of_a_name_list_reads_the_enum() -> None:
     assert typing.get_args(RolloutSettings.model_fields["engine"].annotation) == ENGINE_NAMES
     assert typing.get_args(DataConfig.model_fields["context"].annotation) == CONTEXTS
     assert tuple(field_choices(RolloutSettings, "engine")) == ENGINE_NAMES
-    assert POLICY_CONTEXTS is CONTEXTS and set(PER_TURN_CONTEXTS) == set(CONTEXTS) - {"full"}
+    assert POLICY_CONTEXTS is CONTEXTS
+    assert set(PER_TURN_CONTEXTS) == set(CONTEXTS) - set(FULL_HISTORY_CONTEXTS)
     assert tuple(FORMAT_PROFILES) == ACTION_FORMATS
 
 
@@ -62,7 +63,7 @@ def test_unspecified_is_the_default_the_caller_names() -> None:
 
 def test_unknown_names_and_values_are_clear_errors() -> None:
     with pytest.raises(ValueError, match=r"context must be one of \('full', 'last_frame', "
-                                         r"'frame_only'\), got 'everything'"):
+                                         r"'frame_only', 'visgym'\), got 'everything'"):
         to_wire(common_pb2.Context, "everything")
     with pytest.raises(ValueError, match="action format must be one of"):
         to_wire(common_pb2.ActionFormat, "LITERAL")  # the names are lower case

@@ -174,7 +174,10 @@ def spec(seed: int = 7, task: str = "maze_2d", **kw: object) -> common_pb2.TaskS
 def _check_image(image: common_pb2.Image, what: str) -> None:
     if not image.png:
         return
-    assert image.png.startswith(PNG_MAGIC), f"{what}: the image is not a PNG"
+    if image.media_type == "image/jpeg":  # the visgym profile's frames, as VisGym sends them
+        assert image.png.startswith(b"\xff\xd8"), f"{what}: the image is not a JPEG"
+    else:
+        assert image.png.startswith(PNG_MAGIC), f"{what}: the image is not a PNG"
     assert image.width > 0 and image.height > 0, f"{what}: the image has no size"
     assert image.sha256 == hashlib.sha256(image.png).hexdigest(), \
         f"{what}: the image's sha256 is not the digest of its PNG"

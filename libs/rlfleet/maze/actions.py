@@ -23,9 +23,11 @@ Each action format reads its own syntax only:
 - ``tags``: ``<action>up</action>`` with right/up/left/down/stop, case-insensitive; the
   last such tag counts. rlfleet's own format (VisGym has no tag format); literal tuples
   are not read in it.
-- ``visgym``: not a syntax of its own but a *profile*: the ``literal`` format with
-  VisGym's feedback sentences for every event ("Action executed successfully." after a
-  move or a stop), see `rlfleet.maze.episode`. It parses exactly as ``literal``.
+- ``visgym``: not a syntax of its own but a *profile*: the ``literal`` format in VisGym's
+  own harness: VisGym's feedback sentences for every event ("Action executed
+  successfully." after a move or a stop), its instruction, step line and JPEG frames, and
+  the reply cut to its ``<answer>`` first (`rlfleet.maze.episode`, `rlfleet.maze.visgym`).
+  What is left of the reply parses exactly as ``literal``.
 
 Where rlfleet departs from VisGym, on purpose (tests/unit/test_maze_actions.py pins each):
 - only the last `MAX_SCAN_CHARS` characters of a reply are read (replies are bounded by

@@ -17,18 +17,23 @@ FAILED_PRECONDITION), so a lost or replayed request cannot move a finished episo
 Feedback sentences. The default ("literal", "tags") keeps rlfleet's sentences for moves,
 bumps, stops and the start ("Moved right.", "Cannot move into a wall.", "The episode has
 started. Make your first move."): the tiny policy reads them (context ``frame_only``) and
-the shipped checkpoint was trained on them. The "visgym" action format is the literal
-format with VisGym's own sentence for every event it has one for: "Action executed
-successfully." after a move or a stop, "Cannot move into a wall." after a bump, and no
-turn-limit suffix (VisGym's env has no turn limit; its harness stops silently). VisGym
-says nothing at reset, so the start sentence is rlfleet's in every format. Invalid
-actions get VisGym's sentences in both literal profiles.
+the shipped checkpoint was trained on them. Invalid actions get VisGym's sentences in
+both literal formats.
+
+The "visgym" format is VisGym's own harness (`rlfleet.maze.visgym`), what its SFT
+checkpoints saw: its instruction and step line, "Environment feedback: " with its sentence
+for every event ("Action executed successfully." after a move or a stop, no turn-limit
+suffix: its harness stops silently), the reply cut to its ``<answer>`` before it is read,
+and its frames (`rlfleet.maze.visgym_frame`: JPEG at 25 px per cell, the white disc left
+on the target). VisGym says nothing at reset; `feedback` holds rlfleet's start sentence
+there, which no visgym text shows.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from rlfleet.maze import visgym
 from rlfleet.maze.actions import (
     Action,
     ActionFormat,
@@ -40,6 +45,7 @@ from rlfleet.maze.actions import (
 from rlfleet.maze.layout import Layout, Position
 from rlfleet.maze.prompt import instruction_text, status_text
 from rlfleet.maze.render import DEFAULT_CELL_PX, Frame, check_cell_px, render_frame
+from rlfleet.maze.visgym_frame import visgym_frame
 
 WALL_FEEDBACK = "Cannot move into a wall."
 START_FEEDBACK = "The episode has started. Make your first move."
@@ -124,18 +130,27 @@ class MazeEpisode:
             max_turns = default_max_turns(layout.height, layout.width)
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns must be a positive integer, got {max_turns!r}")
-        # "literal" / "tags", or "visgym": the literal syntax with VisGym's sentences.
+        # "literal" / "tags", or "visgym": the literal syntax in VisGym's own harness.
         self.action_format, self.feedback_style = resolve_format(action_format)
         self.format_name = str(action_format)
+        self.visgym = self.feedback_style is Feedback.VISGYM
         self.layout = layout
         self.max_turns = max_turns
         self.cell_px = check_cell_px(cell_px)
+        if self.visgym and self.cell_px != visgym.VISGYM_CELL_PX:
+            # the checkpoint was trained on VisGym's pictures; another size is another input
+            raise ValueError(f"the visgym format draws VisGym's {visgym.VISGYM_CELL_PX} px "
+                             f"cells, got cell_px={self.cell_px}")
         self.agent: Position = layout.agent
+        # VisGym leaves a white disc on the target once the agent has stepped off it
+        self.left_target = False
         self.stats = EpisodeStats()
         self.done = False
         self.reward = 0.0
         self.feedback = START_FEEDBACK
-        self.instruction = instruction_text(layout.height, layout.width, self.action_format)
+        self.instruction = (visgym.instruction_text(layout.height, layout.width)
+                            if self.visgym else
+                            instruction_text(layout.height, layout.width, self.action_format))
 
     @property
     def solved(self) -> bool:
@@ -154,12 +169,28 @@ class MazeEpisode:
 
     def frame(self, cell_px: int | None = None) -> Frame:
         """The current picture as PNG bytes with their sha256, encoded once per state
-        (see `rlfleet.maze.render.FRAME_CACHE`); the bytes `observe` returns."""
+        (see `rlfleet.maze.render.FRAME_CACHE`); the bytes `observe` returns. The visgym
+        format's are VisGym's JPEG (`rlfleet.maze.visgym_frame`), at its cell size."""
+        if self.visgym:
+            return visgym_frame(self.layout, self.agent, self.left_target, self.cell_px)
         return render_frame(self.layout, self.agent, self.cell_px if cell_px is None else cell_px)
 
     def status(self) -> str:
-        """The status line of `observe` (last feedback and turns left), without a picture."""
+        """The status line of `observe` (last feedback and turns left), without a picture;
+        the visgym format's is VisGym's feedback line and step line."""
+        if self.visgym:
+            return visgym.later_text(self.feedback, self.stats.turns, self.max_turns)
         return status_text(self.feedback, self.stats.turns, self.max_turns)
+
+    def observation_text(self, first: bool) -> str:
+        """The text of an observation message: the first carries the instruction (rlfleet:
+        a blank line, then the status; VisGym: a newline, then the step line), later ones
+        the status alone."""
+        if not first:
+            return self.status()
+        if self.visgym:
+            return visgym.first_text(self.instruction, self.max_turns)
+        return f"{self.instruction}\n\n{self.status()}"
 
     def step(self, text: str) -> StepOutcome:
         """Apply one model reply; raises EpisodeDone once the episode has ended."""
@@ -167,9 +198,10 @@ class MazeEpisode:
             raise EpisodeDone("the episode is over; start a new one")
         stats = self.stats
         stats.turns += 1
-        parsed: ParsedAction = parse_action(text, self.action_format)
+        # VisGym's harness reads the action inside the reply's <answer> tag
+        read = visgym.answer_of(text) if self.visgym and isinstance(text, str) else text
+        parsed: ParsedAction = parse_action(read, self.action_format)
         format_ok = parsed.format == self.action_format
-        visgym = self.feedback_style is Feedback.VISGYM
         if format_ok:
             stats.format_ok_turns += 1
         reward, moved, bump = 0.0, False, False
@@ -183,17 +215,19 @@ class MazeEpisode:
             if self.agent == self.layout.target:
                 stats.solved = True
                 reward = 1.0
-                feedback = VISGYM_OK_FEEDBACK if visgym else SOLVED_FEEDBACK
+                feedback = VISGYM_OK_FEEDBACK if self.visgym else SOLVED_FEEDBACK
             else:
-                feedback = VISGYM_OK_FEEDBACK if visgym else STOPPED_FEEDBACK
+                feedback = VISGYM_OK_FEEDBACK if self.visgym else STOPPED_FEEDBACK
         else:
             dr, dc = action.delta
             nxt = (self.agent[0] + dr, self.agent[1] + dc)
             if self.layout.is_floor(nxt):
+                if self.agent == self.layout.target:
+                    self.left_target = True
                 self.agent = nxt
                 moved = True
                 stats.moves += 1
-                feedback = VISGYM_OK_FEEDBACK if visgym else f"Moved {action.name}."
+                feedback = VISGYM_OK_FEEDBACK if self.visgym else f"Moved {action.name}."
             else:
                 bump = True
                 stats.wall_bumps += 1
@@ -201,7 +235,7 @@ class MazeEpisode:
         if not self.done and stats.turns >= self.max_turns:
             self.done = True
             stats.truncated = True
-            if not visgym:
+            if not self.visgym:
                 feedback += TURN_LIMIT_SUFFIX
         self.feedback = feedback
         self.reward = reward

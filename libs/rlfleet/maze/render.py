@@ -70,12 +70,14 @@ def check_cell_px(cell_px: object) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """One encoded observation: PNG bytes, their sha256 (hex) and the size in pixels."""
+    """One encoded observation: its bytes (PNG, or what `media_type` says: the visgym
+    profile's are JPEG), their sha256 (hex) and the size in pixels."""
 
     png: bytes
     sha256: str
     width: int
     height: int
+    media_type: str = "image/png"
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,17 @@ builds the prompts) and SFT (which must train on exactly the same prompts).
   that reach the same state with the same feedback are the same sequence: the engines and
   the learner compute such duplicates once.
 
+- ``visgym``: VisGym's own harness, the observation profile of VisGym's SFT checkpoints:
+  the whole conversation as ``full``, but every word and frame is VisGym's (the env plays
+  the task in the ``visgym`` action format: its instruction and step line, "Environment
+  feedback: ...", JPEG frames with the disc it leaves on the target; see
+  `rlfleet.maze.visgym`). No system message; each user message is the frame, then the
+  text; nothing follows the last reply.
+
+A checkpoint is trained on one of these: the shipped tiny SFT on ``frame_only``, VisGym's
+SFT checkpoints on ``visgym`` (`rlfleet.policy.observation` reads what a checkpoint
+declares and refuses the others).
+
 The names are the proto enum ``rlfleet.v1.Context`` (``CONTEXT_LAST_FRAME`` is
 ``last_frame``), derived in `rlfleet.names`.
 """
@@ -25,8 +36,17 @@ import base64
 
 from rlfleet.names import CONTEXTS  # the names are defined once, as the proto enum Context
 
+# the contexts that keep the whole conversation: one token sequence per episode
+FULL_HISTORY_CONTEXTS = ("full", "visgym")
 # the contexts whose every turn is a fresh prompt (what SFT trains on: one turn an example)
-PER_TURN_CONTEXTS = tuple(c for c in CONTEXTS if c != "full")
+PER_TURN_CONTEXTS = tuple(c for c in CONTEXTS if c not in FULL_HISTORY_CONTEXTS)
+# the action format a context's task must be played in (the env writes its observations)
+CONTEXT_ACTION_FORMATS = {"visgym": "visgym"}
+
+
+def is_full_history(context: str) -> bool:
+    """Whether ``context`` keeps the whole conversation (one sequence per episode)."""
+    return context in FULL_HISTORY_CONTEXTS
 
 
 def turn_text(context: str, instruction: str, status: str, feedback: str) -> str:
@@ -43,11 +63,13 @@ def turn_text(context: str, instruction: str, status: str, feedback: str) -> str
     return f"{instruction}\n\n{status}"
 
 
-def observation_message(png: bytes, text: str) -> dict:
-    """An OpenAI-style user message: the frame as a PNG data URL, then the text; the text
-    alone when the observation has no frame (a text task, e.g. a skyrl-gym text env)."""
+def observation_message(png: bytes, text: str, media_type: str = "") -> dict:
+    """An OpenAI-style user message: the frame as a data URL (``media_type``, "" for PNG;
+    the visgym profile's frames are "image/jpeg", as VisGym sends them), then the text;
+    the text alone when the observation has no frame (a text task, e.g. a skyrl-gym text
+    env)."""
     if not png:
         return {"role": "user", "content": [{"type": "text", "text": text}]}
-    url = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+    url = f"data:{media_type or 'image/png'};base64," + base64.b64encode(png).decode("ascii")
     return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
                                         {"type": "text", "text": text}]}

@@ -14,7 +14,7 @@ from rlfleet.maze.episode import MazeEpisode, default_max_turns
 from rlfleet.maze.generate import generate_layout
 from rlfleet.maze.layout import Layout
 from rlfleet.maze.oracle import distance_to_target
-from rlfleet.maze.render import Frame, render_frame
+from rlfleet.maze.render import Frame
 from rlfleet.maze.tasks import TASKS, get_task
 from rlfleet.names import from_wire
 from rlfleet.rpc.errors import InvalidArgument
@@ -138,11 +138,15 @@ class MazeTaskEpisode(TaskEpisode):
     def status(self) -> str:
         return self.maze.status()
 
-    def frame_key(self) -> tuple:
+    def frame_key(self) -> tuple | None:
+        # VisGym's frames (JPEG, the disc left on the target) have a cache of their own:
+        # None sends the service to `image()` for them
+        if self.maze.visgym:
+            return None
         return self.maze.layout, self.maze.agent, self.maze.cell_px
 
     def image(self) -> Frame:
-        return render_frame(*self.frame_key())
+        return self.maze.frame()
 
     def state_fields(self) -> dict[str, Any]:
         maze = self.maze
@@ -164,10 +168,9 @@ class MazeTaskEpisode(TaskEpisode):
         # The first observation carries the whole instruction; later ones only the status
         # (feedback and turns left), as a chat would: the instruction is already in context.
         maze = self.maze
-        status = maze.status()
         instruction = maze.instruction if first else ""
         return {
-            "text": f"{instruction}\n\n{status}" if first else status,
+            "text": maze.observation_text(first),
             "feedback": maze.feedback,
             "done": maze.done,
             "turn": maze.stats.turns,

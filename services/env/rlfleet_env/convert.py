@@ -26,8 +26,12 @@ def image_fields(frame: Any) -> dict[str, Any]:
     PNG is looked up, encoded or hashed)."""
     if frame is None:
         return {}
-    return {"png": frame.png, "width": frame.width, "height": frame.height,
-            "sha256": frame.sha256}
+    fields = {"png": frame.png, "width": frame.width, "height": frame.height,
+              "sha256": frame.sha256}
+    media_type = getattr(frame, "media_type", "image/png")
+    if media_type != "image/png":  # "" on the wire is PNG
+        fields["media_type"] = media_type
+    return fields
 
 
 def observation_fields(episode: TaskEpisode, *, first: bool, frame: Any) -> dict[str, Any]:

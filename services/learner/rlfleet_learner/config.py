@@ -64,6 +64,17 @@ class DataConfig(_Strict):
     temperature: float = Field(1.0, gt=0, le=5)
     max_new_tokens: int = Field(4, ge=1, le=4096)
 
+    @model_validator(mode="after")
+    def _visgym_frames(self) -> DataConfig:
+        # the visgym profile is VisGym's pictures: 25 px cells (0 takes the task's 25)
+        from rlfleet.maze.visgym import VISGYM_CELL_PX
+
+        if self.context == "visgym" and self.cell_px not in (0, VISGYM_CELL_PX):
+            raise ValueError(f"data.context visgym shows VisGym's {VISGYM_CELL_PX} px cells "
+                             f"({self.size * VISGYM_CELL_PX} px frames at size {self.size}); "
+                             f"data.cell_px={self.cell_px} would be another input")
+        return self
+
 
 class OptimConfig(_Strict):
     lr: float = Field(5e-4, gt=0)

@@ -17,6 +17,7 @@ import torch
 
 from rlfleet.grpo import TrainSample, check_registered_names
 from rlfleet.policy import load_processor
+from rlfleet.policy.observation import check_observation_profile
 from rlfleet_learner import distributed
 from rlfleet_learner.config import LearnerConfig
 from rlfleet_learner.devices import check_device
@@ -156,6 +157,9 @@ class TrainerGroup:
 
     def __init__(self, cfg: LearnerConfig, model_dir: str, *, num_cpus: float = 0.0) -> None:
         world, gpus = cfg.ray.num_workers, cfg.ray.num_gpus_per_worker
+        # a profile the checkpoint marks foreign, or episodes its context cannot hold,
+        # fail the run here, at start
+        check_observation_profile(model_dir, cfg.data.context)
         check_episodes_fit(cfg, load_processor(model_dir))
         distributed.wait_for_gpus(world, gpus, cfg.ray.resources_timeout_s, cluster_gpus)
         actor = ray.remote(num_cpus=num_cpus, num_gpus=gpus)(TrainWorker)

@@ -22,8 +22,20 @@ from rlfleet.clients.reward import RewardClient
 from rlfleet.engines.base import Generation, GenerationRequest, SamplingConfig
 from rlfleet.names import from_wire, to_wire
 from rlfleet.policy.chat import ChatCodec, Encoded
-from rlfleet.policy.contexts import observation_message, turn_text
-from rlfleet.rpc.errors import InvalidArgument, NotFound, RpcError, Unavailable
+from rlfleet.policy.contexts import (
+    CONTEXT_ACTION_FORMATS,
+    is_full_history,
+    observation_message,
+    turn_text,
+)
+from rlfleet.policy.observation import ForeignProfileError, ProfileMarks, check_observation_profile
+from rlfleet.rpc.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    RpcError,
+    Unavailable,
+)
 from rlfleet.v1 import (
     common_pb2,
     env_pb2,
@@ -82,15 +94,16 @@ class EpisodeBuffer:
         self.segment_starts.append(0)
         # The first observation's text is the instruction, a blank line, the status.
         status = observation.text.removeprefix(self.instruction).lstrip("\n")
-        text = observation.text if self.context == "full" else \
+        text = observation.text if is_full_history(self.context) else \
             turn_text(self.context, self.instruction, status, observation.feedback)
-        enc = self.codec.encode_prompt([observation_message(observation.image.png, text)])
+        enc = self.codec.encode_prompt([observation_message(
+            observation.image.png, text, observation.image.media_type)])
         self._append(enc, observation.image.png)
         self._segment_images = len(enc.images)
 
     def request(self) -> GenerationRequest:
         start = self.segment_starts[-1]
-        images = self.images if self.context == "full" else \
+        images = self.images if is_full_history(self.context) else \
             self.images[len(self.images) - self._segment_images:]
         return GenerationRequest(prompt_ids=self.token_ids[start:], images=list(images))
 
@@ -103,18 +116,19 @@ class EpisodeBuffer:
         self.actions.append(text)
 
     def add_observation(self, observation: common_pb2.Observation) -> None:
-        png = observation.image.png
-        if self.context == "full":
+        png, media_type = observation.image.png, observation.image.media_type
+        if is_full_history(self.context):
             last = self.turns[-1]
             enc = self.codec.encode_observation(
-                observation_message(png, observation.text), self.token_ids[last.start:last.end])
+                observation_message(png, observation.text, media_type),
+                self.token_ids[last.start:last.end])
             self._append(enc, png)
             return
         # per-turn contexts: a fresh sequence with the current frame only
         self.segment_starts.append(len(self.token_ids))
         text = turn_text(self.context, self.instruction, observation.text,
                          observation.feedback)
-        enc = self.codec.encode_prompt([observation_message(png, text)])
+        enc = self.codec.encode_prompt([observation_message(png, text, media_type)])
         self._append(enc, png)
         self._segment_images = len(enc.images)
 
@@ -151,6 +165,9 @@ class GroupPlayer:
     reward: RewardClient
     replica_id: str
     cell_px: int = 0
+    # what the served checkpoint says about observation profiles (rlfleet.policy.observation)
+    model_dir: str = ""
+    profile_marks: ProfileMarks = field(default_factory=ProfileMarks)
 
     def play(self, request: rollout_pb2.GroupRequest, adapter: LiveAdapter,
              is_active: Callable[[], bool], queued_s: float = 0.0
@@ -160,8 +177,21 @@ class GroupPlayer:
             context = from_wire(common_pb2.Context, request.context_mode, default="full")
         except ValueError as exc:
             raise InvalidArgument(f"context_mode: {exc}") from None
+        try:
+            check_observation_profile(self.model_dir, context, self.profile_marks)
+        except ForeignProfileError as exc:
+            raise FailedPrecondition(str(exc)) from None
         spec = common_pb2.TaskSpec()
         spec.CopyFrom(request.task)
+        required = CONTEXT_ACTION_FORMATS.get(context)
+        if required is not None:
+            # the env writes this profile's observations: its task plays in its format
+            want = to_wire(common_pb2.ActionFormat, required)
+            if spec.format not in (common_pb2.ACTION_FORMAT_UNSPECIFIED, want):
+                raise InvalidArgument(
+                    f"context_mode {context} plays the task in action format {required}, "
+                    f"the request asks for {common_pb2.ActionFormat.Name(spec.format)}")
+            spec.format = want
         if not spec.render.cell_px and self.cell_px:
             spec.render.cell_px = self.cell_px
         unseeded = SamplingConfig(**{**params.__dict__, "seed": None})
@@ -194,6 +224,13 @@ class GroupPlayer:
                 actions = []
                 for ep, gen in zip(live, gens, strict=True):
                     text = self.codec.decode(gen.token_ids)
+                    if required is not None and \
+                            len(text.encode()) > limits.MAX_ACTION_TEXT_BYTES // 4:
+                        # a cut reply would be quoted differently than VisGym quotes it
+                        raise InvalidArgument(
+                            f"a reply of {len(text.encode())} bytes is longer than the "
+                            f"{limits.MAX_ACTION_TEXT_BYTES // 4} a {context} turn may send "
+                            f"(sampling.max_new_tokens={params.max_new_tokens})")
                     ep.buffer.add_turn(gen, text)
                     ep.generate_s += dt_gen
                     actions.append(env_pb2.Action(episode_id=ep.episode_id,

@@ -24,6 +24,7 @@ from rlfleet.fleet import (
 )
 from rlfleet.policy.chat import ChatCodec
 from rlfleet.policy.loading import PolicyProcessor, load_processor
+from rlfleet.policy.observation import profile_marks
 from rlfleet.policy.profiles import resolve_model_dir, serving_profile
 from rlfleet.rpc.errors import RpcError
 from rlfleet.rpc.server import GrpcServer
@@ -100,6 +101,8 @@ class Replica:
 
 def build_replica(settings: RolloutSettings) -> Replica:
     model_dir = str(resolve_model_dir(settings.profile, settings.model, settings.model_cache))
+    # an unknown profile name in the checkpoint's marks fails here, at start
+    marks = profile_marks(model_dir)
     processor = load_processor(model_dir)
     engine = make_engine(settings, model_dir, processor)
     codec = ChatCodec(processor)
@@ -147,7 +150,8 @@ def build_replica(settings: RolloutSettings) -> Replica:
                       tls=tls),
         reward=RewardClient(reward_address, token=token, timeout_s=settings.env_timeout_s,
                             tls=tls),
-        replica_id=settings.replica_id, cell_px=settings.render_cell_px())
+        replica_id=settings.replica_id, cell_px=settings.render_cell_px(),
+        model_dir=model_dir, profile_marks=marks)
     servicer = RolloutServicer(
         player, adapters, max_groups=settings.max_groups, max_episodes=settings.max_episodes,
         adapter_wait_s=settings.adapter_wait_s, cache=GroupCache(settings.idempotency_cache),
