@@ -64,10 +64,11 @@ def marked_processes(mark: str) -> dict[int, str]:
     return found
 
 
-def assert_none_left(grace_s: float = 10.0) -> None:
+def assert_none_left(grace_s: float = 10.0, mark: str | None = None) -> None:
     """Waits up to `grace_s` for stragglers that are already stopping (a killed parent's
-    children), then kills what is left and fails, naming each process."""
-    mark = os.environ.get(MARK_ENV)
+    children), then kills what is left and fails, naming each process. `mark`: this
+    session's (the default) or another (the suite's own test of this check)."""
+    mark = mark or os.environ.get(MARK_ENV)
     if not mark:
         return
     deadline = time.monotonic() + grace_s

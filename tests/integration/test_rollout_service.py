@@ -17,6 +17,7 @@ from PIL import Image
 from rlfleet.clients.rollout_pool import RolloutPool
 from rlfleet.fleet import AdapterDirectory, AdapterRecord, ReplicaDirectory, connect
 from rlfleet.names import CONTEXTS, to_wire
+from rlfleet.policy.contexts import is_full_history
 from rlfleet.rpc import RpcClient
 from rlfleet.storage import RunsRoot
 from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc, sync_pb2, sync_pb2_grpc
@@ -108,7 +109,7 @@ def test_the_enums_travel_over_the_wire(env, start_rollout) -> None:
         request = group(g=1, turns=2, context=name)
         [t] = collect(replica.address, request)
         assert t.context_mode == to_wire(common_pb2.Context, name or "full"), name
-        per_turn = name not in ("", "full")
+        per_turn = not is_full_history(name or "full")
         assert len(t.segment_starts) == (len(t.turns) if per_turn else 1), name
     unknown = group()
     unknown.context_mode = 99  # proto3 enums are open: the wire carries any number

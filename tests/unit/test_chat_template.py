@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from rlfleet.policy import ChatCodec, Transcript, ensure_tiny_model, image_to_data_url
+from rlfleet.policy import ChatCodec, Transcript, image_to_data_url
 from rlfleet.policy.chat import ChatFormatError
 from rlfleet.policy.loading import load_processor, model_class
 from tests.scaled_8b import build_scaled_8b
@@ -48,9 +48,9 @@ def user(image: Image.Image, text: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory) -> dict[str, Path]:
+def checkpoints(tmp_path_factory, tiny_model_dir: Path) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("ckpts")
-    tiny = ensure_tiny_model(root / "models")
+    tiny = tiny_model_dir
     scaled = build_scaled_8b(root / "scaled-8b")
     other = root / "other"
     shutil.copytree(tiny, other)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -13,7 +11,6 @@ from rlfleet.engines.hf import HFEngine, filter_logits
 from rlfleet.policy import (
     ChatCodec,
     collate,
-    ensure_tiny_model,
     forward_logits,
     load_policy,
     sequence_logprobs,
@@ -22,13 +19,8 @@ from tests.factories import image_request, save_peft_lora
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    return ensure_tiny_model(tmp_path_factory.mktemp("models"))
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_dir):
-    eng = HFEngine(tiny_dir)
+def engine(tiny_model_dir):
+    eng = HFEngine(tiny_model_dir)
     yield eng
     eng.close()
 
@@ -147,10 +139,10 @@ def test_top_k_and_top_p_restrict_the_support():
     assert torch.isfinite(filter_logits(logits, 0, 0.01)).sum() == 1
 
 
-def test_generation_stops_at_im_end(tiny_dir):
+def test_generation_stops_at_im_end(tiny_model_dir):
     """Teach the policy one reply, then check the engine stops after <|im_end|>."""
     torch.manual_seed(0)
-    model, processor = load_policy(tiny_dir)
+    model, processor = load_policy(tiny_model_dir)
     codec = ChatCodec(processor)
     req = image_request(codec, 112, "Move.", 3)
     turn = processor.tokenizer.encode("('move', 0)", add_special_tokens=False) + [codec.im_end_id]
@@ -191,14 +183,14 @@ def test_bad_requests_are_refused(engine, requests_):
 # -- LoRA --------------------------------------------------------------------------------
 
 
-def test_lora_adapters_load_switch_and_unload(tiny_dir, requests_, tmp_path):
-    eng = HFEngine(tiny_dir)
+def test_lora_adapters_load_switch_and_unload(tiny_model_dir, requests_, tmp_path):
+    eng = HFEngine(tiny_model_dir)
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=8)
     sampled = SamplingConfig(temperature=1.0, max_new_tokens=8, seed=5)
     base = eng.generate(requests_, greedy)
 
-    peft_a = save_peft_lora(tiny_dir, tmp_path / "a", seed=1)
-    save_peft_lora(tiny_dir, tmp_path / "b", seed=2)
+    peft_a = save_peft_lora(tiny_model_dir, tmp_path / "a", seed=1)
+    save_peft_lora(tiny_model_dir, tmp_path / "b", seed=2)
     # adapters on the language model only: the vision tower is never adapted
     assert not any("visual" in n for n, _ in peft_a.named_parameters() if "lora_" in n)
     eng.load_adapter("a", str(tmp_path / "a"))

@@ -15,7 +15,7 @@ from safetensors.torch import save as st_save
 
 from rlfleet.engines import EngineError, GenerationRequest, SamplingConfig
 from rlfleet.engines.hf import HFEngine, safetensors_views
-from rlfleet.policy import ChatCodec, ensure_tiny_model
+from rlfleet.policy import ChatCodec
 from rlfleet.storage import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from tests.factories import image_request, save_peft_lora
 
@@ -23,20 +23,16 @@ WEIGHTS, CONFIG = ADAPTER_WEIGHTS_FILE, ADAPTER_CONFIG_FILE
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=8)
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    return ensure_tiny_model(tmp_path_factory.mktemp("models"))
-
-
-def _adapter(tiny_dir: Path, out: Path, seed: int) -> dict[str, bytes]:
-    save_peft_lora(tiny_dir, out, seed)
+def _adapter(tiny_model_dir: Path, out: Path, seed: int) -> dict[str, bytes]:
+    save_peft_lora(tiny_model_dir, out, seed)
     return {n: (out / n).read_bytes() for n in (WEIGHTS, CONFIG)}
 
 
 @pytest.fixture(scope="module")
-def adapters(tiny_dir: Path, tmp_path_factory) -> dict[str, tuple[Path, dict[str, bytes]]]:
+def adapters(tiny_model_dir: Path, tmp_path_factory) -> dict[str, tuple[Path, dict[str, bytes]]]:
     out = tmp_path_factory.mktemp("adapters")
-    return {k: (out / k, _adapter(tiny_dir, out / k, seed)) for k, seed in (("a", 1), ("b", 2))}
+    return {k: (out / k, _adapter(tiny_model_dir, out / k, seed))
+            for k, seed in (("a", 1), ("b", 2))}
 
 
 def _requests(codec: ChatCodec) -> list[GenerationRequest]:
@@ -54,8 +50,8 @@ def _lora_params(eng: HFEngine, name: str) -> dict[str, torch.Tensor]:
             eng._peft.named_parameters() if f".{internal}." in k}
 
 
-def test_memory_load_is_the_directory_load(tiny_dir: Path, adapters) -> None:
-    eng = HFEngine(tiny_dir)
+def test_memory_load_is_the_directory_load(tiny_model_dir: Path, adapters) -> None:
+    eng = HFEngine(tiny_model_dir)
     reqs = _requests(eng.codec)
     base = [g.token_ids for g in eng.generate(reqs, GREEDY)]
     path_a, files_a = adapters["a"]
@@ -91,9 +87,9 @@ def _drop_one_tensor(weights: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("first", [True, False])
-def test_bad_memory_load_leaves_the_serving_version(tiny_dir: Path, adapters,
+def test_bad_memory_load_leaves_the_serving_version(tiny_model_dir: Path, adapters,
                                                     first: bool) -> None:
-    eng = HFEngine(tiny_dir)
+    eng = HFEngine(tiny_model_dir)
     reqs = _requests(eng.codec)
     files_a, files_b = adapters["a"][1], adapters["b"][1]
     if not first:

@@ -29,13 +29,8 @@ from rlfleet.policy.vision import VisionEncoder, vision_is_frozen
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    return ensure_tiny_model(tmp_path_factory.mktemp("models"))
-
-
-@pytest.fixture(scope="module")
-def policy(tiny_dir):
-    return load_policy(tiny_dir)
+def policy(tiny_model_dir):
+    return load_policy(tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +98,7 @@ def test_resolve_refuses_what_it_cannot_find(tmp_path):
         resolve_model_dir("gpt-2", cache_dir=tmp_path)
 
 
-def test_reload_gives_the_built_model(tiny_dir, policy):
+def test_reload_gives_the_built_model(tiny_model_dir, policy):
     model, processor = policy
     assert isinstance(processor, PolicyProcessor)
     assert (
@@ -111,7 +106,7 @@ def test_reload_gives_the_built_model(tiny_dir, policy):
     )
     n = sum(p.numel() for p in model.parameters())
     assert 0.8e6 < n < 1.5e6
-    again, _ = load_policy(tiny_dir)
+    again, _ = load_policy(tiny_model_dir)
     for (k, v), (k2, v2) in zip(
         model.state_dict().items(), again.state_dict().items(), strict=True
     ):
@@ -406,9 +401,9 @@ def test_vision_cache_is_bounded_in_bytes_and_evicts_the_oldest(policy):
     assert vision.misses == misses + 1
 
 
-def test_vision_is_frozen_follows_requires_grad(tiny_dir, policy):
+def test_vision_is_frozen_follows_requires_grad(tiny_model_dir, policy):
     from rlfleet.policy.lora import add_lora, lora_config
 
     assert not vision_is_frozen(policy[0])  # a bare model trains everything
-    peft_model = add_lora(load_policy(tiny_dir)[0], lora_config(4))
+    peft_model = add_lora(load_policy(tiny_model_dir)[0], lora_config(4))
     assert vision_is_frozen(peft_model)  # LoRA on the language model only

@@ -11,21 +11,16 @@ import pytest
 from PIL import Image
 from transformers import Qwen3VLForConditionalGeneration
 
-from rlfleet.policy import ensure_tiny_model, load_processor
+from rlfleet.policy import load_processor
 from rlfleet.policy.loading import UnsupportedModelError, model_class
 from rlfleet.policy.profiles import SERVING_PROFILES, ServingProfile, serving_profile
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    return ensure_tiny_model(tmp_path_factory.mktemp("models"))
-
-
-def test_model_class_comes_from_the_checkpoints_architectures(tiny_dir: Path,
+def test_model_class_comes_from_the_checkpoints_architectures(tiny_model_dir: Path,
                                                                tmp_path: Path) -> None:
-    assert model_class(tiny_dir) is Qwen3VLForConditionalGeneration
+    assert model_class(tiny_model_dir) is Qwen3VLForConditionalGeneration
     other = tmp_path / "other"
-    shutil.copytree(tiny_dir, other)
+    shutil.copytree(tiny_model_dir, other)
     config = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps(
         {**config, "architectures": ["LlavaForConditionalGeneration"]}))
@@ -48,8 +43,8 @@ def test_vllm_arguments_come_from_the_profile() -> None:
         serving_profile("nope")
 
 
-def test_every_profile_holds_its_episode(tiny_dir: Path) -> None:
-    processor = load_processor(tiny_dir)
+def test_every_profile_holds_its_episode(tiny_model_dir: Path) -> None:
+    processor = load_processor(tiny_model_dir)
     for name, p in SERVING_PROFILES.items():
         frame = processor.image_token_count(Image.new("RGB", (p.frame_px, p.frame_px)))
         p.check_fits(frame)  # raises if not

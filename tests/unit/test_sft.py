@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
 from rlfleet.maze import (
@@ -18,7 +17,7 @@ from rlfleet.maze import (
     train_seeds,
 )
 from rlfleet.maze.episode import MazeEpisode
-from rlfleet.policy import ChatCodec, ensure_tiny_model, load_policy
+from rlfleet.policy import ChatCodec, load_policy
 from rlfleet.sft import DataMix, encode_example, evaluate_greedy, example_stream, maze_examples
 from rlfleet.sft.cli import main as sft_main
 from rlfleet.sft.train import make_batch, sft_loss, sharpen_attention
@@ -27,11 +26,6 @@ CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "tiny-sft"
 # Files that must equal the tiny base's, byte for byte (same tokenizer and processor).
 PROCESSOR_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "preprocessor_config.json", "processor_config.json")
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    return ensure_tiny_model(tmp_path_factory.mktemp("models"))
 
 
 # -- examples ------------------------------------------------------------------------
@@ -74,8 +68,8 @@ def test_played_states_look_like_real_play():
     assert all(generate_layout(e.seed, 7).key not in reserved for e in examples)
 
 
-def test_encoded_target_is_one_action_token_then_im_end(tiny_dir):
-    _, processor = load_policy(tiny_dir)
+def test_encoded_target_is_one_action_token_then_im_end(tiny_model_dir):
+    _, processor = load_policy(tiny_model_dir)
     codec = ChatCodec(processor)
     seed = train_seeds(0, 1, 7).seeds[0]
     ex = maze_examples(seed, 7, np.random.default_rng(0))[0]
@@ -85,8 +79,8 @@ def test_encoded_target_is_one_action_token_then_im_end(tiny_dir):
     assert enc.prompt_ids.count(codec.image_pad_id) == 49  # 7x7 cells at 16 px
 
 
-def test_batch_points_at_the_agent_image_token_and_its_legal_moves(tiny_dir):
-    model, processor = load_policy(tiny_dir)
+def test_batch_points_at_the_agent_image_token_and_its_legal_moves(tiny_model_dir):
+    model, processor = load_policy(tiny_model_dir)
     codec = ChatCodec(processor)
     seed = train_seeds(0, 1, 7).seeds[0]
     layout = generate_layout(seed, 7)
@@ -111,8 +105,8 @@ def test_batch_points_at_the_agent_image_token_and_its_legal_moves(tiny_dir):
     assert loss.requires_grad and {"ce", "acc", "aux"} <= set(metrics)
 
 
-def test_sharpen_attention_sets_only_fresh_gains(tiny_dir):
-    model, _ = load_policy(tiny_dir)
+def test_sharpen_attention_sets_only_fresh_gains(tiny_model_dir):
+    model, _ = load_policy(tiny_model_dir)
     gains = [p for n, p in model.named_parameters() if n.endswith(("q_norm.weight",
                                                                    "k_norm.weight"))]
     assert gains and sharpen_attention(model, 3.0) == len(gains)
@@ -123,17 +117,17 @@ def test_sharpen_attention_sets_only_fresh_gains(tiny_dir):
 # -- a short run ---------------------------------------------------------------------
 
 
-def test_short_sft_run_end_to_end(tiny_dir, tmp_path, capsys):
+def test_short_sft_run_end_to_end(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "sft"
     rc = sft_main(["sft", "--out", str(out), "--steps", "3", "--batch", "4", "--log-every",
-                   "1", "--base", str(tiny_dir), "--no-eval", "--context", "frame_only",
+                   "1", "--base", str(tiny_model_dir), "--no-eval", "--context", "frame_only",
                    "--qk-gain", "3", "--agent-aux", "1"])
     assert rc == 0
     assert "step     3" in capsys.readouterr().out
     summary = json.loads((out / "sft_summary.json").read_text())
     assert summary["steps"] == 3 and summary["command"].startswith("rlfleet sft ")
     for name in PROCESSOR_FILES:
-        assert (out / name).read_bytes() == (tiny_dir / name).read_bytes()
+        assert (out / name).read_bytes() == (tiny_model_dir / name).read_bytes()
     assert summary["context"] == "frame_only"
     model, processor = load_policy(out)
     r = evaluate_greedy(model, processor, [0, 1], size=7, max_turns=2, context="frame_only")
@@ -150,9 +144,9 @@ def test_bad_arguments_are_refused(tmp_path, capsys):
 # -- the shipped checkpoint ----------------------------------------------------------
 
 
-def test_shipped_checkpoint_matches_the_tiny_base(tiny_dir):
+def test_shipped_checkpoint_matches_the_tiny_base(tiny_model_dir):
     for name in PROCESSOR_FILES:
-        assert (CHECKPOINT / name).read_bytes() == (tiny_dir / name).read_bytes(), name
+        assert (CHECKPOINT / name).read_bytes() == (tiny_model_dir / name).read_bytes(), name
     assert (CHECKPOINT / "model.safetensors").stat().st_size < 8 * 2**20
     summary = json.loads((CHECKPOINT / "sft_summary.json").read_text())
     assert summary["command"].startswith("rlfleet sft ")

@@ -173,6 +173,10 @@ class AuthInterceptor(grpc.ServerInterceptor):
         return refusal(handler, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong auth token")
 
 
+class RequestCutOff(Exception):
+    """A request read that the reaper ended (it has logged the call's failure)."""
+
+
 class RequestReaper:
     """Ends calls whose request message does not arrive within `bound_s`.
 
@@ -193,17 +197,24 @@ class RequestReaper:
         self._thread.start()
 
     def wait_for(self, context: grpc.ServicerContext, receive: Callable[[], Any],
-                 method: str = "") -> Any:
+                 method: str = "", signal_cut_off: bool = False) -> Any:
         """`receive()` (a blocking read of one request message of the call to `method`, a
-        full method name), cut off at the bound."""
-        entry = [time.monotonic() + self.bound_s, context, False, method]  # deadline, call,
-        # done, method
+        full method name), cut off at the bound; with `signal_cut_off` a read that the cut-off
+        ended raises RequestCutOff rather than what grpc raised."""
+        # deadline, call, done, method, cut off (set by the reaper before it cancels)
+        entry = [time.monotonic() + self.bound_s, context, False, method, False]
         with self._cond:
             self._waits.append(entry)
             if len(self._waits) == 1:
                 self._cond.notify()
         try:
             return receive()
+        except (StopIteration, grpc.RpcError):
+            if entry[4] and signal_cut_off:
+                # grpc may report the cancelled read as "no message" before the call shows
+                # as inactive: the caller must know it was this cut-off, already logged
+                raise RequestCutOff(method) from None
+            raise
         finally:
             entry[2] = True
             entry[1] = None
@@ -226,6 +237,7 @@ class RequestReaper:
                 self._waits.popleft()
             context = entry[1]
             if context is not None and not entry[2]:
+                entry[4] = True
                 self.expired += 1
                 service, method = _split(entry[3])
                 REQUEST_TIMEOUTS.labels(service, method).inc()
@@ -301,10 +313,14 @@ class RequestBoundInterceptor(grpc.ServerInterceptor):
         def first(request_iterator: Any, context: grpc.ServicerContext) -> Any:
             """The one request message; otherwise the call ends here (abort raises)."""
             try:
-                return reaper.wait_for(context, lambda: next(request_iterator), method)
+                return reaper.wait_for(context, lambda: next(request_iterator), method,
+                                       signal_cut_off=True)
+            except RequestCutOff:
+                # the reaper logged it and ended the call; nothing more to say
+                context.abort(grpc.StatusCode.CANCELLED, "the call ended before its request")
             except (StopIteration, grpc.RpcError):
-                pass  # no message: the call ended (cut off, cancelled, too large) or the
-                # client closed its side without sending one
+                pass  # no message: the call ended (cancelled, too large) or the client
+                # closed its side without sending one
             if context.is_active():
                 details = "the call requires exactly one request message"
                 log_failed_call(*_split(method), grpc.StatusCode.INVALID_ARGUMENT, details)

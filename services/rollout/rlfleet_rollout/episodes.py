@@ -24,6 +24,7 @@ from rlfleet.names import from_wire, to_wire
 from rlfleet.policy.chat import ChatCodec, Encoded
 from rlfleet.policy.contexts import (
     CONTEXT_ACTION_FORMATS,
+    CONTEXT_CELL_PX,
     is_full_history,
     observation_message,
     turn_text,
@@ -192,8 +193,8 @@ class GroupPlayer:
                     f"context_mode {context} plays the task in action format {required}, "
                     f"the request asks for {common_pb2.ActionFormat.Name(spec.format)}")
             spec.format = want
-        if not spec.render.cell_px and self.cell_px:
-            spec.render.cell_px = self.cell_px
+        if not spec.render.cell_px:
+            spec.render.cell_px = CONTEXT_CELL_PX.get(context, self.cell_px)
         unseeded = SamplingConfig(**{**params.__dict__, "seed": None})
         G = request.group_size
         start = time.perf_counter()
