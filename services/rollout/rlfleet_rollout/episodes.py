@@ -23,7 +23,13 @@ from rlfleet.engines.base import Generation, GenerationRequest, SamplingConfig
 from rlfleet.names import from_wire, to_wire
 from rlfleet.policy.chat import ChatCodec, Encoded
 from rlfleet.policy.contexts import observation_message, turn_text
-from rlfleet.rpc.errors import InvalidArgument, NotFound, RpcError, Unavailable
+from rlfleet.rpc.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    RpcError,
+    Unavailable,
+)
 from rlfleet.v1 import (
     common_pb2,
     env_pb2,
@@ -143,6 +149,22 @@ def _open_error(err: RpcError) -> RpcError:
     return Unavailable(f"env service at {err.peer} failed: {err.code.name}: {err.message}")
 
 
+def _score_error(err: RpcError) -> RpcError:
+    """The replica's answer when the reward service did not score the group. A reward
+    function that broke its contract (FAILED_PRECONDITION: it raised, or gave a NaN or a
+    reward outside its range) or a request it refuses (INVALID_ARGUMENT, NOT_FOUND) gets
+    the same answer from any replica: INVALID_ARGUMENT / NOT_FOUND with the reward
+    service's message, which the pool does not re-send (FAILED_PRECONDITION would be: it
+    also means "this replica has not loaded the adapter yet"). Anything else is the reward
+    service failing now (UNAVAILABLE: worth re-sending the group)."""
+    if isinstance(err, NotFound):
+        return NotFound(f"reward service: {err.message}")
+    if isinstance(err, FailedPrecondition | InvalidArgument):
+        return InvalidArgument(f"reward service at {err.peer} refused to score the group: "
+                               f"{err.code.name}: {err.message}")
+    return Unavailable(f"reward service at {err.peer} failed: {err.code.name}: {err.message}")
+
+
 @dataclass
 class GroupPlayer:
     batcher: GenerationBatcher
@@ -246,8 +268,7 @@ class GroupPlayer:
                                          final_state=e.final_state)
                 for e in episodes])
         except RpcError as err:
-            raise Unavailable(f"reward service failed: {err.code.name}: {err.message}"
-                              ) from err
+            raise _score_error(err) from err
         reward_s = time.perf_counter() - t0
         vision_start = self.codec.tokenizer.convert_tokens_to_ids("<|vision_start|>")
         for ep, score in zip(episodes, scored.scores, strict=True):
