@@ -47,7 +47,7 @@ from rlfleet.v1 import rollout_pb2
 from rlfleet_learner.config import LearnerConfig
 from rlfleet_learner.cursor import SeedCursor
 from rlfleet_learner.evaluation import evaluate
-from rlfleet_learner.faults import BadRewards, FleetFailure
+from rlfleet_learner.faults import BadRewards, FleetFailure, disk_failure
 from rlfleet_learner.feed import Group, GroupFeed
 from rlfleet_learner.publisher import AdapterPublisher
 from rlfleet_learner.reporting import WaitReport, replica_state, report_progress
@@ -228,10 +228,10 @@ class Learner:
                 log.warning("training on with fewer replicas than min_replicas: the others "
                             "died, hang or did not load the version in time",
                             extra={"version": published.version, "serving": live.replica_ids,
-                                   "wanted": wanted})
+                                   "wanted": wanted, "refusals": live.refusals})
                 self._event("replicas_short", step=self.state.step,
                             version=published.version, serving=live.replica_ids,
-                            wanted=wanted)
+                            wanted=wanted, refusals=live.refusals)
             return live.publish_to_live_s
         return 0.0
 
@@ -324,6 +324,12 @@ class Learner:
         except FleetFailure as exc:
             self._stop_on_failure(exc)
             raise
+        except OSError as exc:  # a checkpoint or a metrics record the disk did not take
+            failure = disk_failure(exc, "to the runs root")
+            if failure is None:
+                raise
+            self._stop_on_failure(failure)  # the checkpoint may fail the same way: said
+            raise failure from exc
 
     def _stop_on_failure(self, exc: FleetFailure) -> None:
         """Saves every trained step (unless checkpoints are off) so that a rerun with
@@ -413,11 +419,14 @@ class Learner:
             # The step is trained and is checkpointed on the way out (run): its record,
             # written now, keeps it (and its seeds) in the run's lineage.
             n = max(len(trajectories), 1)
-            self._event("step", step=self.state.step, version=self.state.version,
-                        published=False, trajectories=len(trajectories),
-                        seeds=[request.task.seed for request, _ in groups],
-                        reward_mean=sum(t.reward for t in trajectories) / n,
-                        rows=len(rows), grad_norm=result.grad_norm if result else 0.0)
+            try:
+                self._event("step", step=self.state.step, version=self.state.version,
+                            published=False, trajectories=len(trajectories),
+                            seeds=[request.task.seed for request, _ in groups],
+                            reward_mean=sum(t.reward for t in trajectories) / n,
+                            rows=len(rows), grad_norm=result.grad_norm if result else 0.0)
+            except OSError as err:  # the disk that failed the publish: say it, go on
+                log.error("could not record step %d: %s", self.state.step, err)
             raise
         t4 = time.perf_counter()
         self.state.signal_trajectories += signal

@@ -35,7 +35,7 @@ from rlfleet.storage import (
     retry,
 )
 from rlfleet.v1 import sync_pb2
-from rlfleet_learner.faults import PublishFailed, ReplicasLost
+from rlfleet_learner.faults import PublishFailed, ReplicasLost, disk_failure
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -75,6 +75,7 @@ class Live:
     wanted: int
     publish_to_live_s: float
     short: bool = False
+    refusals: list[str] = field(default_factory=list)  # "replica: reason" (ckpt-sync's)
 
 
 @dataclass
@@ -119,7 +120,8 @@ class AdapterPublisher:
             except DestinationExists:  # someone (a crashed earlier run) took the number
                 version = self.next_version(version + 1)
             except StorageError as exc:
-                raise RuntimeError(f"cannot write adapter version {version}: {exc}") from exc
+                raise (disk_failure(exc, f"adapter version {version}") or RuntimeError(
+                    f"cannot write adapter version {version}: {exc}")) from exc
         written = time.perf_counter() - start
         announce_start = time.perf_counter()
         self._announce(version, manifest.manifest_sha256)
@@ -202,11 +204,15 @@ class AdapterPublisher:
             now = self._serving(version, 1, 0.0)
             serving = list(now.replica_ids) if now is not None else []
             alive = live_ids() if live_ids is not None else None
+            refusals = [f"{r.replica_id} refused version {r.version}: {r.reason}"
+                        for r in (now.refusals if now is not None else ())]
             if serving and alive is not None and alive <= set(serving):
-                return Live(serving, min_replicas, time.monotonic() - start, short=True)
+                return Live(serving, min_replicas, time.monotonic() - start, short=True,
+                            refusals=refusals)
             if time.monotonic() >= deadline:
                 if serving:
-                    return Live(serving, min_replicas, time.monotonic() - start, short=True)
+                    return Live(serving, min_replicas, time.monotonic() - start, short=True,
+                                refusals=refusals)
                 break
         log.warning("no replica serves the new adapter version; waiting for a replacement",
                     extra={"version": version, "wanted": min_replicas,

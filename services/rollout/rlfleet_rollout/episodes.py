@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -38,6 +39,7 @@ from rlfleet.v1 import (
 )
 from rlfleet_rollout.adapters import LiveAdapter
 from rlfleet_rollout.batcher import GenerationBatcher
+from rlfleet_rollout.closer import EpisodeCloser
 
 
 def sampling_config(params: rollout_pb2.SamplingParams) -> SamplingConfig:
@@ -173,6 +175,11 @@ class GroupPlayer:
     reward: RewardClient
     replica_id: str
     cell_px: int = 0
+    closer: EpisodeCloser | None = None  # default: one over `env`
+
+    def __post_init__(self) -> None:
+        if self.closer is None:
+            self.closer = EpisodeCloser(self.env)
 
     def play(self, request: rollout_pb2.GroupRequest, adapter: LiveAdapter,
              is_active: Callable[[], bool], queued_s: float = 0.0
@@ -189,9 +196,12 @@ class GroupPlayer:
         unseeded = SamplingConfig(**{**params.__dict__, "seed": None})
         G = request.group_size
         start = time.perf_counter()
+        request_id = uuid.uuid4().hex
         try:
-            opened = self.env.open([spec] * G, include_image=True)
+            opened = self.env.open([spec] * G, include_image=True, request_id=request_id)
         except RpcError as err:
+            # the env may have opened them and lost only its answer: close them by name
+            self.closer.close(request_ids=[request_id], now=False)
             raise _open_error(err) from err
         live: list[Episode] = []
         for i, e in enumerate(opened):
@@ -248,19 +258,13 @@ class GroupPlayer:
                     yield from self._finish(request, spec, finished, adapter, context, queued_s)
                     open_ids -= {ep.episode_id for ep in finished}
         finally:
-            if open_ids:
-                try:
-                    self.env.close_episodes(sorted(open_ids), timeout_s=5)
-                except RpcError:
-                    pass  # the env expires idle episodes by itself
+            if open_ids:  # the group failed or was cancelled: its episodes go now
+                self.closer.close(episode_ids=open_ids)
 
     def _finish(self, request: rollout_pb2.GroupRequest, spec: common_pb2.TaskSpec,
                 episodes: list[Episode], adapter: LiveAdapter, context: str,
                 queued_s: float) -> Iterator[rollout_pb2.Trajectory]:
-        try:
-            self.env.close_episodes([e.episode_id for e in episodes])
-        except RpcError:
-            pass  # the episodes are finished; the env expires what it could not close
+        self.closer.close(episode_ids=[e.episode_id for e in episodes])
         t0 = time.perf_counter()
         try:
             scored = self.reward.score([
