@@ -115,8 +115,8 @@ class FleetConfig(_Strict):
     # after this long, train on with the replicas that serve it (fewer than min_replicas:
     # the step's record says so); replicas whose heartbeat expired are not waited for
     sync_timeout_s: float = Field(300, gt=0)
-    # when no replica serves a new version: how long to wait for a replacement before
-    # checkpointing and stopping (exit 3)
+    # when no replica serves a new version, or none is left to play a group: how long to
+    # wait for a replacement before checkpointing and stopping (exit 3)
     replacement_wait_s: float = Field(300, ge=0)
     # how long ckpt-sync may answer only UNAVAILABLE / RESOURCE_EXHAUSTED /
     # DEADLINE_EXCEEDED (down, hung, Redis gone) before the learner checkpoints and stops

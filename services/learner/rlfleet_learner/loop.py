@@ -127,8 +127,10 @@ class Learner:
         # the pool checks the Redis password now (FleetAuthError: one clear error).
         token = fleet_token()
         tls = client_tls_from_env()
+        # With no replica left the pool waits this long for a replacement, then fails the
+        # group (NoReplicas): the learner checkpoints and stops (RolloutsFailed, exit 3).
         self.pool = RolloutPool(redis_url=cfg.fleet.redis_url, run=cfg.run, token=token,
-                                tls=tls)
+                                tls=tls, wait_for_replicas_s=cfg.fleet.replacement_wait_s)
         self.publisher = AdapterPublisher(self.root, cfg.run, cfg.model.name,
                                           SyncClient(cfg.fleet.sync_address, token=token,
                                                      timeout_s=60, tls=tls),
