@@ -143,8 +143,8 @@ def learner_config(stack: LocalStack, tmp_path: Path, run: str, model_dir: Path 
     cfg["model"].update(path=str(model_dir), **(model or {}))
     cfg["data"].update(data or {})
     cfg.setdefault("grpo", {}).update(grpo or {})
-    cfg["fleet"].update(redis_url=stack.redis_url, sync_address=stack.sync_address,
-                        runs_root=str(stack.runs_root), min_replicas=1, **(fleet or {}))
+    cfg["fleet"].update({"redis_url": stack.redis_url, "sync_address": stack.sync_address,
+                         "runs_root": str(stack.runs_root), "min_replicas": 1, **(fleet or {})})
     cfg.update(sections)
     path = tmp_path / f"{run}.yaml"
     path.write_text(yaml.safe_dump(cfg))

@@ -6,7 +6,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlfleet.grpo import GRPOConfig, get_advantage_estimator, register_advantage_estimator
+from rlfleet.grpo import (
+    GRPOConfig,
+    NonFiniteRewards,
+    get_advantage_estimator,
+    group_normalized_advantages,
+    register_advantage_estimator,
+)
 from rlfleet.grpo.advantages import ADVANTAGE_ESTIMATORS, AdvantageResult
 
 
@@ -113,3 +119,13 @@ def test_registry_accepts_a_new_estimator() -> None:
         ADVANTAGE_ESTIMATORS.unregister("test_raw_reward")
     with pytest.raises(ValueError, match="unknown advantage estimator 'test_raw_reward'"):
         get_advantage_estimator("test_raw_reward")
+
+
+def test_rewards_that_overflow_the_normalisation_are_refused() -> None:
+    # finite, yet (1e300)^2 is inf: the std would be inf and every advantage 0
+    with pytest.raises(NonFiniteRewards, match="overflow the group normalisation"):
+        group_normalized_advantages([1e300, 0.0, 0.0, 1.0], ["g"] * 4, std_normalize=True,
+                                    eps=1e-6)
+    with pytest.raises(NonFiniteRewards, match="must be finite"):
+        group_normalized_advantages([float("nan"), 0.0], ["g"] * 2, std_normalize=True,
+                                    eps=1e-6)

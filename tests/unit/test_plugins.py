@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from rlfleet.registries import PluginError
-from rlfleet.reward import Episode, RewardFunction, Score, default_rewards, reward_function
+from rlfleet.reward import (
+    Episode,
+    RewardFunction,
+    RewardRegistry,
+    Score,
+    default_rewards,
+    reward_function,
+)
 from rlfleet.rpc.errors import InvalidArgument, NotFound
 from rlfleet.tasks import Task, TaskRegistry, default_tasks
 from rlfleet.v1 import common_pb2
@@ -141,3 +148,16 @@ def test_a_task_is_a_plain_subclass() -> None:
     registry = TaskRegistry().add(Echo())
     with pytest.raises(InvalidArgument, match="task 'echo': never"):
         registry.open(spec("echo"))
+
+
+def test_a_reward_declares_its_range() -> None:
+    with pytest.raises(ValueError, match=r"reward 1.5 is outside the declared range \[0, 1\]"):
+        Score(1.5).checked("episode 0", (0.0, 1.0))
+    assert Score(-3.0).checked("e").reward == -3.0  # no range given: finite is enough
+
+    @reward_function("bad-range", "1.0.0", reward_range=(1.0, 0.0))
+    def bad(episode: Episode) -> Score:
+        return Score(0.0)
+
+    with pytest.raises(PluginError, match="reward_range"):
+        RewardRegistry().add(bad)

@@ -22,7 +22,7 @@ from rlfleet.storage import (
     load_latest_intact_checkpoint,
     save_checkpoint,
 )
-from rlfleet.storage.checkpoints import OPTIMIZER_FILE, CheckpointError
+from rlfleet.storage.checkpoints import KEEP_DAMAGED, OPTIMIZER_FILE, CheckpointError
 from rlfleet.storage.jsonl import append_json_line
 from rlfleet.storage.paths import RunsRoot
 
@@ -140,3 +140,18 @@ def test_the_lineage_keeps_the_resumed_attempts_records_of_a_step() -> None:
     fresh = [{"event": "start", "step": 0}, {"event": "step", "step": 1, "a": 1},
              {"event": "start", "step": 0}, {"event": "step", "step": 1, "a": 2}]
     assert [e["a"] for e in lineage_steps(fresh)] == [2]
+
+
+def test_set_aside_checkpoints_are_bounded_in_number(rr: RunsRoot) -> None:
+    # a disk that damages the same step again and again (5 times within a second or so):
+    # the newest 3 set-aside copies stay for inspection, the rest are removed
+    save(rr, 2, version=3)
+    for _ in range(5):
+        save(rr, 4, version=5)
+        truncate(rr.checkpoint_dir("exp", 4) / OPTIMIZER_FILE)
+        ckpt = load_latest_intact_checkpoint(rr, "exp")
+        assert ckpt is not None and ckpt.step == 2
+    names = sorted(p.name for p in rr.checkpoints_root("exp").iterdir())
+    aside = [n for n in names if n.startswith("damaged-step_000004-")]
+    assert len(aside) == KEEP_DAMAGED == 3, names
+    assert list_checkpoints(rr, "exp") == [2] and has_checkpoints(rr, "exp")

@@ -22,10 +22,11 @@ class EnvClient(ServiceClient):
     IDEMPOTENT = frozenset({"Close", "ListTasks"})
 
     def open(self, tasks: Sequence[common_pb2.TaskSpec], *, include_image: bool = False,
-             timeout_s: float | None = None) -> list[env_pb2.Episode]:
-        """One new episode per task spec, in order."""
-        reply = self._unary("Open", env_pb2.OpenRequest(tasks=tasks, include_image=include_image),
-                            timeout_s)
+             timeout_s: float | None = None, request_id: str = "") -> list[env_pb2.Episode]:
+        """One new episode per task spec, in order. `request_id` (<= 128 bytes) names
+        them: when the answer is lost, `close_episodes(request_ids=[...])` closes them."""
+        reply = self._unary("Open", env_pb2.OpenRequest(tasks=tasks, include_image=include_image,
+                                                        request_id=request_id), timeout_s)
         return list(reply.episodes)
 
     def step(self, actions: Sequence[env_pb2.Action], *, include_image: bool = False,
@@ -35,11 +36,13 @@ class EnvClient(ServiceClient):
                                                         include_image=include_image), timeout_s)
         return list(reply.results)
 
-    def close_episodes(self, episode_ids: Iterable[str], *, timeout_s: float | None = None
-                       ) -> env_pb2.CloseResponse:
-        """Closes episodes: their final states, and the ids that were unknown or expired
-        (`not_found`; not an error). `close()` closes the client itself."""
-        return self._unary("Close", env_pb2.CloseRequest(episode_ids=list(episode_ids)),
+    def close_episodes(self, episode_ids: Iterable[str], *, timeout_s: float | None = None,
+                       request_ids: Iterable[str] = ()) -> env_pb2.CloseResponse:
+        """Closes episodes, and every episode that the Open calls named `request_ids`
+        opened: their final states, and the ids that were unknown or expired (`not_found`;
+        not an error). `close()` closes the client itself."""
+        return self._unary("Close", env_pb2.CloseRequest(episode_ids=list(episode_ids),
+                                                         request_ids=list(request_ids)),
                            timeout_s)
 
     def tasks(self) -> list[env_pb2.TaskInfo]:

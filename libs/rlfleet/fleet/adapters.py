@@ -87,6 +87,16 @@ def parse_record(raw: str) -> AdapterRecord | None:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """A replica's report that it would not serve a version (it did not verify)."""
+
+    replica_id: str
+    version: int
+    reason: str
+    attempts: int
+
+
+@dataclass(frozen=True)
 class PendingVersion:
     """A hint, never an announcement: ckpt-sync has started verifying `record` (its
     sha256 is the publisher's claim, possibly empty). Nothing may be served on a hint; a
@@ -152,6 +162,35 @@ class AdapterDirectory:
         pipe.publish(acks_channel(run), str(version))
         pipe.execute()
 
+    def refuse(self, run: str, version: int, replica_id: str, reason: str,
+               attempts: int) -> None:
+        """Records that `replica_id` refused `version` (`attempts` times so far, the last
+        time for `reason`), so that WaitForReplicas can say who refused what; wakes the
+        waiters like an acknowledgement. Unsigned: it only explains a wait, it never
+        counts as serving."""
+        value = json.dumps({"reason": reason[:500], "attempts": attempts, "at": time.time()})
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(keys.refusals(run, version), replica_id, value)
+        pipe.publish(acks_channel(run), str(version))
+        pipe.execute()
+
+    def refusals(self, run: str, version: int) -> list[Refusal]:
+        """The replicas that refused `version`, by id (unreadable entries skipped)."""
+        out = []
+        for replica_id, raw in sorted(self.redis.hgetall(keys.refusals(run, version)).items()):
+            try:
+                doc = json.loads(raw)
+                out.append(Refusal(str(replica_id), version, str(doc["reason"]),
+                                   int(doc["attempts"])))
+            except (ValueError, KeyError, TypeError):
+                continue
+        return out
+
+    def announce_again(self, record: AdapterRecord) -> None:
+        """Re-sends the "new version" event of the latest `record` (a Publish of the version
+        that is latest already): replicas that refused it try it once more (bounded)."""
+        self.redis.publish(keys.events(record.run), record.to_json())
+
     def ack_waiter(self, run: str) -> AckWaiter:
         """Subscribes to `run`'s acknowledgements; see AckWaiter."""
         return AckWaiter(self.redis, run)
@@ -175,7 +214,7 @@ class AdapterDirectory:
         """Drops a removed version's history entry and acks."""
         for raw in self.redis.zrangebyscore(keys.history(run), version, version):
             self.redis.zrem(keys.history(run), raw)
-        self.redis.delete(keys.acks(run, version))
+        self.redis.delete(keys.acks(run, version), keys.refusals(run, version))
 
     def events(self, run: str, *, poll_s: float = 1.0, pending: bool = False
                ) -> Iterator[AdapterRecord | PendingVersion | None]:

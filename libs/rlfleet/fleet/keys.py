@@ -23,5 +23,9 @@ def acks(run: str, version: int) -> str:
     return f"{PREFIX}:run:{run}:acks:{version}"
 
 
+def refusals(run: str, version: int) -> str:
+    return f"{PREFIX}:run:{run}:refusals:{version}"
+
+
 def events(run: str) -> str:
     return f"{PREFIX}:run:{run}:events"

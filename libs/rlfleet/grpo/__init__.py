@@ -8,6 +8,7 @@ package adds one through an entry point, which every process, Ray workers includ
 
 from rlfleet.grpo.advantages import (
     AdvantageResult,
+    NonFiniteRewards,
     get_advantage_estimator,
     group_normalized_advantages,
     register_advantage_estimator,
@@ -30,6 +31,7 @@ __all__ = [
     "BatchStats",
     "GRPOConfig",
     "MicroBatch",
+    "NonFiniteRewards",
     "TrainSample",
     "aggregate",
     "check_registered_names",

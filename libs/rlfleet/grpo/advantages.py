@@ -58,6 +58,11 @@ def group_indices(group_ids: Sequence[Hashable]) -> dict[Hashable, list[int]]:
     return groups
 
 
+class NonFiniteRewards(ValueError):
+    """Rewards the learner cannot compute advantages from (NaN, inf, or so large that the
+    group's mean or std overflows)."""
+
+
 def check_rewards(rewards: npt.ArrayLike, group_ids: Sequence[Hashable]) -> npt.NDArray[np.float64]:
     """Rewards as a finite float64 vector of the same length as ``group_ids``."""
     r = np.asarray(rewards, dtype=np.float64)
@@ -66,7 +71,7 @@ def check_rewards(rewards: npt.ArrayLike, group_ids: Sequence[Hashable]) -> npt.
     if len(group_ids) != r.shape[0]:
         raise ValueError(f"{r.shape[0]} rewards but {len(group_ids)} group ids")
     if not np.all(np.isfinite(r)):
-        raise ValueError(f"rewards must be finite, got {r.tolist()}")
+        raise NonFiniteRewards(f"rewards must be finite, got {r.tolist()}")
     return r
 
 
@@ -96,9 +101,16 @@ def group_normalized_advantages(
             zero_var[idx] = True
             degenerate.append(gid)
             continue
-        centred = g - g.mean()
-        if std_normalize:
-            centred = centred / (g.std(ddof=1) + eps)
+        # Finite rewards can still overflow the normalisation (1e300 squared is inf, and
+        # dividing by an infinite std gives all-zero advantages): refuse, never train on it.
+        with np.errstate(over="ignore", invalid="ignore"):
+            mean = g.mean()
+            std = g.std(ddof=1) if std_normalize else 0.0
+            centred = (g - mean) / (std + eps) if std_normalize else g - mean
+        if not (np.isfinite(mean) and np.isfinite(std) and np.all(np.isfinite(centred))):
+            raise NonFiniteRewards(
+                f"group {gid!r}: rewards {g.tolist()} overflow the group normalisation "
+                f"(mean {mean}, std {std}); rewards must stay in a bounded range")
         adv[idx] = centred
     return AdvantageResult(
         advantages=adv,

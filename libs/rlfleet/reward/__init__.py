@@ -74,14 +74,20 @@ class Score:
     components: Mapping[str, float] = field(default_factory=dict)
     solved: bool = False
 
-    def checked(self, where: str) -> Score:
-        """This score if every number is finite; ValueError naming `where` otherwise."""
+    def checked(self, where: str, reward_range: tuple[float, float] = (-math.inf, math.inf)
+                ) -> Score:
+        """This score if every number is finite and the reward lies in `reward_range`
+        (inclusive); ValueError naming `where` and the value otherwise."""
         numbers = {"reward": self.reward, **{f"components[{k!r}]": v
                                               for k, v in self.components.items()}}
         for what, value in numbers.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value):
                 raise ValueError(f"{where}: {what} must be a finite number, got {value!r}")
+        low, high = reward_range
+        if not low <= self.reward <= high:
+            raise ValueError(f"{where}: reward {self.reward!r} is outside the declared range "
+                             f"[{low:g}, {high:g}]")
         if not all(isinstance(k, str) and k for k in self.components):
             raise ValueError(f"{where}: component names must be non-empty strings")
         return self
@@ -143,15 +149,20 @@ class Episode:
 
 class RewardFunction(ABC):
     """A reward function: a name and version (reported to the fleet), the components it
-    reports, the tasks it can score (None: any task the service has), and `score`.
+    reports, the tasks it can score (None: any task the service has), the range its reward
+    lies in, and `score`.
 
     `score` must be a pure function of the episode: the same episode gets the same score on
-    every call and every process (a retried group is scored again)."""
+    every call and every process (a retried group is scored again). The service checks
+    every score against `reward_range` (inclusive): a reward outside it, NaN, inf or
+    anything but a `Score` is refused with FAILED_PRECONDITION naming the reward, the value
+    and the episode, never passed on to the learner."""
 
     name: str = ""
     version: str = ""
     components: tuple[str, ...] = ()
     tasks: tuple[str, ...] | None = None
+    reward_range: tuple[float, float] = (0.0, 1.0)
 
     @abstractmethod
     def score(self, episode: Episode) -> Score: ...
@@ -165,11 +176,13 @@ class RewardFunction(ABC):
 
 class _FunctionReward(RewardFunction):
     def __init__(self, fn: Callable[[Episode], Score], name: str, version: str,
-                 components: Sequence[str], tasks: Sequence[str] | None) -> None:
+                 components: Sequence[str], tasks: Sequence[str] | None,
+                 reward_range: tuple[float, float] = (0.0, 1.0)) -> None:
         self._fn = fn
         self.name, self.version = name, version
         self.components = tuple(components)
         self.tasks = None if tasks is None else tuple(tasks)
+        self.reward_range = (float(reward_range[0]), float(reward_range[1]))
         self.__doc__ = fn.__doc__
 
     def score(self, episode: Episode) -> Score:
@@ -177,12 +190,13 @@ class _FunctionReward(RewardFunction):
 
 
 def reward_function(name: str, version: str, components: Sequence[str] = (),
-                    tasks: Sequence[str] | None = None
+                    tasks: Sequence[str] | None = None,
+                    reward_range: tuple[float, float] = (0.0, 1.0)
                     ) -> Callable[[Callable[[Episode], Score]], RewardFunction]:
     """A `RewardFunction` from a plain ``score(episode) -> Score`` function."""
 
     def wrap(fn: Callable[[Episode], Score]) -> RewardFunction:
-        return _FunctionReward(fn, name, version, components, tasks)
+        return _FunctionReward(fn, name, version, components, tasks, reward_range)
 
     return wrap
 
@@ -192,6 +206,10 @@ def check_reward(obj: object) -> RewardFunction:
         raise PluginError(f"{obj!r} is not an rlfleet.reward.RewardFunction")
     if not obj.name or not obj.version:
         raise PluginError(f"reward {obj!r} must have a non-empty name and version")
+    low, high = obj.reward_range
+    if math.isnan(low) or math.isnan(high) or not low <= high:
+        raise PluginError(f"reward {obj!r}: reward_range must be (low, high) with low <= high,"
+                          f" got {obj.reward_range!r}")
     return obj
 
 

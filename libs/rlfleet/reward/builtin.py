@@ -7,7 +7,13 @@ episode's format.
 
 from __future__ import annotations
 
+import math
+
 from rlfleet.reward import Episode, RewardFunction, Score
+
+# The env's own return is whatever its task pays (the maze 0 or 1, a SkyRL env its own
+# scale): the built-ins declare no bound of their own; finiteness is still checked.
+UNBOUNDED = (-math.inf, math.inf)
 
 
 class TaskReward(RewardFunction):
@@ -16,6 +22,7 @@ class TaskReward(RewardFunction):
     name = "task"
     version = "1.0.0"
     components = ("task",)
+    reward_range = UNBOUNDED
 
     def score(self, episode: Episode) -> Score:
         task = float(episode.env_return)
@@ -29,6 +36,7 @@ class FormatTaskReward(RewardFunction):
     name = "format+task"
     version = "1.0.0"
     components = ("task", "format")
+    reward_range = UNBOUNDED
 
     def score(self, episode: Episode) -> Score:
         task = float(episode.env_return)

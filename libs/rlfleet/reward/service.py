@@ -11,8 +11,8 @@ from pydantic import Field, create_model
 
 from rlfleet import defaults, limits
 from rlfleet.cliargs import Parser, add_setting
-from rlfleet.reward import Episode, RewardFunction
-from rlfleet.rpc.errors import InvalidArgument, NotFound, RpcError
+from rlfleet.reward import Episode, RewardFunction, Score
+from rlfleet.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, RpcError
 from rlfleet.rpc.server import GrpcServer
 from rlfleet.service import ServiceSettings, add_common_args, serve_forever, settings_or_exit
 from rlfleet.tasks import TaskRegistry, default_tasks
@@ -21,8 +21,12 @@ from rlfleet.v1 import reward_pb2, reward_pb2_grpc
 REWARD_SERVICE = reward_pb2.DESCRIPTOR.services_by_name["RewardService"].full_name
 
 
-class ScoreFailed(RpcError):
-    """The reward function returned something that is not a score (INTERNAL)."""
+class ScoreFailed(FailedPrecondition):
+    """The reward function broke its contract on an episode: it raised, or returned
+    something that is not a finite score in its declared range. FAILED_PRECONDITION: the
+    same episode gets the same answer on every call (a score is a pure function of the
+    episode), so no caller retries it; the message names the reward, the episode and the
+    value (or the exception's type and message) so that its author can fix it."""
 
 
 def check_batch(what: str, n: int) -> None:
@@ -65,15 +69,28 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
             replayed, steps = self.tasks.replay(record.task, actions)
             episode = Episode(record.task, tuple(actions), record.final_state, replayed,
                               tuple(steps))
-            try:
-                score = self.reward.score(episode).checked(f"episode {i}")
-            except (ValueError, AttributeError) as exc:
-                raise ScoreFailed(f"reward {self.reward.name!r} failed on episode {i}: {exc}"
-                                  ) from exc
+            scores_of = (f"reward {self.reward.name!r} {self.reward.version} on episode {i} "
+                         f"(task {task.name!r}, seed {record.task.seed})")
+            score = self._score(episode, scores_of)
             scores.append({"reward": float(score.reward),
                            "components": {k: float(v) for k, v in score.components.items()},
                            "solved": bool(score.solved)})
         return reward_pb2.ScoreResponse(scores=scores, info=self.info)
+
+    def _score(self, episode: Episode, where: str) -> Score:
+        """The reward function's score, checked (ScoreFailed otherwise)."""
+        try:
+            score = self.reward.score(episode)
+        except RpcError:
+            raise  # the function chose its answer itself
+        except Exception as exc:  # noqa: BLE001 - user code: reported, never hidden
+            raise ScoreFailed(f"{where} raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(score, Score):
+            raise ScoreFailed(f"{where} returned {score!r}, not an rlfleet.reward.Score")
+        try:
+            return score.checked(where, self.reward.reward_range)
+        except (ValueError, TypeError) as exc:
+            raise ScoreFailed(str(exc)) from exc
 
     def Info(self, request, context):  # noqa: N802, ANN001, ANN201
         return self.info

@@ -30,6 +30,7 @@ from typing import Any
 import grpc
 
 from rlfleet.limits import MAX_MESSAGE_BYTES
+from rlfleet.rpc.callproof import make_proof, proof_key
 
 log = logging.getLogger(__name__)
 
@@ -80,14 +81,18 @@ def service_config(service: str | None, methods: Collection[str], policy: RetryP
 class _TokenInterceptor(
     grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor
 ):
-    """Adds the shared token to every call (works on plaintext channels, unlike
-    call credentials)."""
+    """Proves every call with the shared token (`rlfleet.rpc.callproof`: a per-call MAC,
+    never the token itself, so a peer that is not the fleet's learns no secret). Works on
+    plaintext channels, unlike call credentials."""
 
     def __init__(self, token: str) -> None:
-        self._metadata = ("authorization", f"Bearer {token}")
+        self._key = proof_key(token)
 
     def _with_token(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
-        metadata = [*(details.metadata or ()), self._metadata]
+        method = details.method.decode() if isinstance(details.method, bytes) \
+            else details.method
+        proof = ("authorization", make_proof(self._key, method))
+        metadata = [*(details.metadata or ()), proof]
         return _CallDetails(details.method, details.timeout, metadata, details.credentials,
                             details.wait_for_ready, details.compression)
 

@@ -28,6 +28,8 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Histogram
 
+from rlfleet.rpc.callproof import SCHEME as PROOF_SCHEME
+from rlfleet.rpc.callproof import check_proof, proof_key
 from rlfleet.rpc.errors import InvalidArgument, RpcError
 
 log = logging.getLogger(__name__)
@@ -146,22 +148,28 @@ def refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: str
 
 
 class AuthInterceptor(grpc.ServerInterceptor):
-    """Rejects calls without `authorization: Bearer <token>` (UNAUTHENTICATED) at the
-    headers: the request is never read (see `refusal`)."""
+    """Rejects calls (UNAUTHENTICATED, at the headers: the request is never read, see
+    `refusal`) whose `authorization` is neither a valid per-call proof
+    (`rlfleet.rpc.callproof`, what rlfleet's clients send) nor `Bearer <token>` (tools)."""
 
     def __init__(self, token: str) -> None:
         if not token or not token.strip():
             raise ValueError("auth token must be non-empty")
         self._expected = f"Bearer {token}".encode()
+        self._key = proof_key(token)
+
+    def _authorized(self, given: str | bytes, method: str) -> bool:
+        value = given.decode("utf-8", "replace") if isinstance(given, bytes) else given
+        if value.startswith(f"{PROOF_SCHEME} "):
+            return check_proof(self._key, value, method)
+        return hmac.compare_digest(value.encode(), self._expected)
 
     def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001
         method = handler_call_details.method
         if method.startswith(UNAUTHENTICATED_SERVICES):
             return continuation(handler_call_details)
         given = dict(handler_call_details.invocation_metadata or ()).get("authorization", "")
-        if isinstance(given, str):
-            given = given.encode()
-        if hmac.compare_digest(given, self._expected):
+        if self._authorized(given, method):
             return continuation(handler_call_details)
         handler = continuation(handler_call_details)
         if handler is None:

@@ -355,15 +355,49 @@ def prune_checkpoints(
 DAMAGED_PREFIX = "damaged-"  # a checkpoint set aside: kept for inspection, never loaded
 
 
-def set_aside_damaged(path: Path) -> Path:
+# How many set-aside checkpoints a run keeps: the newest few explain a failure; a run
+# that keeps damaging its checkpoints (a failing disk) must not fill the volume with them.
+KEEP_DAMAGED = 3
+
+
+def set_aside_damaged(path: Path, keep: int = KEEP_DAMAGED) -> Path:
     """Renames a damaged checkpoint dir to `damaged-step_<n>-<unix>` next to it, so the
     step can be checkpointed again (a resumed run reaches it again) and the bytes stay
-    for inspection. Returns the new path."""
+    for inspection; only the newest `keep` set-aside dirs are kept. Returns the new
+    path."""
     path = Path(path)
-    aside = path.parent / f"{DAMAGED_PREFIX}{path.name}-{int(time.time())}"
+    stamp = int(time.time())
+    aside = path.parent / f"{DAMAGED_PREFIX}{path.name}-{stamp}"
+    n = 1
+    while aside.exists():  # the same step set aside twice within a second
+        aside = path.parent / f"{DAMAGED_PREFIX}{path.name}-{stamp}.{n}"
+        n += 1
     os.rename(path, aside)
     fsync_dir(path.parent)
+    prune_damaged(path.parent, keep)
     return aside
+
+
+def _damaged_order(name: str) -> tuple[float, str]:
+    """When a set-aside dir was set aside (its `-<unix>[.n]` suffix; 0 if unreadable)."""
+    stamp = name.rsplit("-", 1)[-1]
+    whole, _, n = stamp.partition(".")
+    try:
+        return float(whole) + (int(n) if n else 0) * 1e-3, name
+    except ValueError:
+        return 0.0, name
+
+
+def prune_damaged(checkpoints_root: Path, keep: int = KEEP_DAMAGED) -> list[str]:
+    """Removes all but the newest `keep` (>= 1) set-aside checkpoints; their names."""
+    if keep < 1:
+        raise ValueError("keep must be >= 1 (the newest set-aside checkpoint is kept)")
+    names = sorted((n for n in os.listdir(checkpoints_root) if n.startswith(DAMAGED_PREFIX)),
+                   key=_damaged_order)
+    doomed = names[:-keep]
+    for name in doomed:
+        remove_dir_atomic(checkpoints_root / name)
+    return doomed
 
 
 def load_latest_intact_checkpoint(runs_root: RunsRoot, run: str) -> Checkpoint | None:

@@ -13,6 +13,7 @@ import redis
 
 from rlfleet import limits
 from rlfleet.fleet import AdapterRecord, fleet_unavailable_reason
+from rlfleet.fleet.adapters import Refusal
 from rlfleet.rpc.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -165,9 +166,14 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
                     break
                 left = deadline - time.monotonic()
                 if left <= 0 or not context.is_active():
+                    refused = "".join(
+                        f"; replica {r.replica_id} refused version {r.version} "
+                        f"({r.attempts} attempts): {r.reason}"
+                        for r in self._refusals(run, request.version, serving))
                     raise DeadlineExceeded(
                         f"{len(serving)} of {request.min_replicas} replicas serve run "
-                        f"{run!r} version >= {request.version} after {request.timeout_s}s")
+                        f"{run!r} version >= {request.version} after {request.timeout_s}s"
+                        + refused)
                 acks.wait(min(left, self.recheck_s))
         latest = self.state.adapters.latest(run)
         lag = 0.0
@@ -177,7 +183,16 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
             if times:
                 lag = max(0.0, max(times) - latest.published_at)
         return sync_pb2.WaitForReplicasResponse(
-            replicas=len(serving), replica_ids=serving, publish_to_live_s=lag)
+            replicas=len(serving), replica_ids=serving, publish_to_live_s=lag,
+            refusals=[sync_pb2.Refusal(replica_id=r.replica_id, version=r.version,
+                                       reason=r.reason, attempts=r.attempts)
+                      for r in self._refusals(run, request.version, serving)])
+
+    def _refusals(self, run: str, version: int, serving: list[str]) -> list[Refusal]:
+        """Who refused `version` and does not serve it (a replica that loaded it on a
+        later attempt is not reported)."""
+        return [r for r in self.state.adapters.refusals(run, version)
+                if r.replica_id not in serving]
 
     @_registry_errors
     def Acknowledge(self, request: sync_pb2.AcknowledgeRequest, context):  # noqa: N802, ANN001

@@ -186,6 +186,8 @@ class SyncState:
             current = parse_record(raw) if raw else None
             if current is not None and (current.version, current.sha256) == (
                     record.version, record.sha256):
+                # announced again: replicas that refused it try once more (bounded)
+                self.adapters.announce_again(current)
                 return current
             if current is not None and current.version >= record.version and \
                     self.backed_by_shared(current, run):

@@ -58,6 +58,7 @@ class Entry:
     episode: TaskEpisode
     last_used: float
     lock: threading.Lock = field(default_factory=threading.Lock)
+    request_id: str = ""  # the Open call's, when it named itself (closed by it)
 
 
 class EpisodeTable:
@@ -73,8 +74,8 @@ class EpisodeTable:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def add(self, episodes: list[TaskEpisode]) -> list[str]:
-        """Adds all or none."""
+    def add(self, episodes: list[TaskEpisode], request_id: str = "") -> list[str]:
+        """Adds all or none; `request_id` names them for `opened_by`."""
         now = time.monotonic()
         with self._lock:
             self._expire_locked(now)
@@ -85,7 +86,7 @@ class EpisodeTable:
                 )
             ids = [secrets.token_hex(12) for _ in episodes]
             for episode_id, episode in zip(ids, episodes, strict=True):
-                self._entries[episode_id] = Entry(episode, now)
+                self._entries[episode_id] = Entry(episode, now, request_id=request_id)
             OPEN_EPISODES.set(len(self._entries))
         return ids
 
@@ -102,6 +103,13 @@ class EpisodeTable:
             for entry in entries:
                 entry.last_used = now
         return entries
+
+    def opened_by(self, request_ids: list[str]) -> list[str]:
+        """The ids of the open episodes that Open calls named `request_ids` opened (a scan:
+        only a caller whose Open answer was lost asks)."""
+        wanted = set(request_ids) - {""}
+        with self._lock:
+            return [k for k, e in self._entries.items() if e.request_id in wanted]
 
     def pop(self, ids: list[str]) -> tuple[list[tuple[str, TaskEpisode]], list[str]]:
         closed, missing = [], []

@@ -17,6 +17,7 @@ from rlfleet_env.episodes import EpisodeTable
 _FRAME_CHUNK = 16
 
 _check_batch = check_batch  # the same rules for Open/Step/Close/Score
+MAX_REQUEST_ID_BYTES = 128
 
 __all__ = ["EnvServicer", "RewardServicer"]
 
@@ -46,8 +47,10 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
 
     def Open(self, request: env_pb2.OpenRequest, context: grpc.ServicerContext):  # noqa: N802
         _check_batch("Open", len(request.tasks))
+        if len(request.request_id.encode()) > MAX_REQUEST_ID_BYTES:
+            raise InvalidArgument(f"request_id is longer than {MAX_REQUEST_ID_BYTES} bytes")
         episodes = [self.tasks.open(spec) for spec in request.tasks]  # all validated first
-        ids = self.table.add(episodes)
+        ids = self.table.add(episodes, request.request_id)
         # Nobody else has these ids yet, so the episodes are read without their locks.
         frames = frames_of(episodes) if request.include_image else [None] * len(episodes)
         return env_pb2.OpenResponse(
@@ -128,8 +131,14 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         return env_pb2.StepResponse(results=results)
 
     def Close(self, request: env_pb2.CloseRequest, context: grpc.ServicerContext):  # noqa: N802
-        _check_batch("Close", len(request.episode_ids))
-        closed, missing = self.table.pop(list(request.episode_ids))
+        named = list(request.request_ids)
+        _check_batch("Close", len(request.episode_ids) + len(named))
+        if any(len(r.encode()) > MAX_REQUEST_ID_BYTES for r in named):
+            raise InvalidArgument(f"a request_id is longer than {MAX_REQUEST_ID_BYTES} bytes")
+        ids = list(request.episode_ids)
+        given = set(ids)
+        ids += [i for i in self.table.opened_by(named) if i not in given]
+        closed, missing = self.table.pop(ids)
         return env_pb2.CloseResponse(
             episodes=[
                 {"episode_id": episode_id, "state": state_fields(ep)} for episode_id, ep in closed

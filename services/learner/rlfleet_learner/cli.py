@@ -58,6 +58,7 @@ def _run(args: argparse.Namespace) -> int:
     from rlfleet.policy.loading import CheckpointError
     from rlfleet.storage import PathOutsideRunsRoot
     from rlfleet.storage.checkpoints import CheckpointError as DamagedCheckpoint
+    from rlfleet_learner.faults import EXIT_FLEET_FAILURE, FleetFailure
     from rlfleet_learner.loop import FreshStartRefused, Learner, NoCheckpoint
     from rlfleet_learner.ray_logs import relay_worker_output
     from rlfleet_learner.ray_start import init_local_ray
@@ -112,6 +113,10 @@ def _run(args: argparse.Namespace) -> int:
             CheckpointError, FreshStartRefused, DamagedCheckpoint) as exc:
         log.error("rlfleet learner: %s", exc, extra={"error": type(exc).__name__})
         return 2
+    except FleetFailure as exc:  # the trained steps are checkpointed (Learner.run)
+        log.error("rlfleet learner: stopped: %s; rerun with --resume auto once the fleet is "
+                  "back", exc, extra={"error": type(exc).__name__})
+        return EXIT_FLEET_FAILURE
     finally:
         ray.shutdown()
     if args.summary:

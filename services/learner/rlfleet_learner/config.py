@@ -123,7 +123,15 @@ class FleetConfig(_Strict):
     sync_address: str = defaults.local_address(defaults.CKPTSYNC_PORT)
     runs_root: Path = defaults.RUNS_ROOT  # RLFLEET_RUNS_ROOT in a deployment (cli.py)
     min_replicas: int = Field(1, ge=1)  # wait for this many replicas to serve a new version
+    # after this long, train on with the replicas that serve it (fewer than min_replicas:
+    # the step's record says so); replicas whose heartbeat expired are not waited for
     sync_timeout_s: float = Field(300, gt=0)
+    # when no replica serves a new version, or none is left to play a group: how long to
+    # wait for a replacement before checkpointing and stopping (exit 3)
+    replacement_wait_s: float = Field(300, ge=0)
+    # how long ckpt-sync may answer only UNAVAILABLE / RESOURCE_EXHAUSTED /
+    # DEADLINE_EXCEEDED (down, hung, Redis gone) before the learner checkpoints and stops
+    publish_retry_s: float = Field(600, gt=0)
     max_groups_in_flight: int = Field(8, ge=1)
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from rlfleet.clients.rollout_pool import RolloutPool
 from rlfleet.v1 import rollout_pb2
+from rlfleet_learner.faults import RolloutsFailed
 from rlfleet_learner.reporting import WAIT_REPORT_S, WaitReport, replica_state
 
 Group = tuple[rollout_pb2.GroupRequest, list[rollout_pb2.Trajectory]]
@@ -67,7 +68,7 @@ class GroupFeed:
                 except queue.Empty:
                     pass
                 if self._error is not None:
-                    raise RuntimeError(f"rollouts failed: {self._error}") from self._error
+                    raise RolloutsFailed(f"rollouts failed: {self._error}") from self._error
                 if self._done.is_set() and self._queue.empty():
                     raise RuntimeError(
                         f"the rollout feed ended after {len(out)} of {n} groups")

@@ -27,6 +27,7 @@ from rlfleet.clients.rollout_pool import RolloutPool
 from rlfleet.clients.sync import SyncClient
 from rlfleet.config import fleet_token
 from rlfleet.engines.base import vision_token_ids
+from rlfleet.grpo import NonFiniteRewards
 from rlfleet.policy.loading import load_processor
 from rlfleet.policy.profiles import resolve_model_dir
 from rlfleet.rpc.client import client_tls_from_env
@@ -46,6 +47,7 @@ from rlfleet.v1 import rollout_pb2
 from rlfleet_learner.config import LearnerConfig
 from rlfleet_learner.cursor import SeedCursor
 from rlfleet_learner.evaluation import evaluate
+from rlfleet_learner.faults import BadRewards, FleetFailure, disk_failure
 from rlfleet_learner.feed import Group, GroupFeed
 from rlfleet_learner.publisher import AdapterPublisher
 from rlfleet_learner.reporting import WaitReport, replica_state, report_progress
@@ -125,11 +127,14 @@ class Learner:
         # the pool checks the Redis password now (FleetAuthError: one clear error).
         token = fleet_token()
         tls = client_tls_from_env()
+        # With no replica left the pool waits this long for a replacement, then fails the
+        # group (NoReplicas): the learner checkpoints and stops (RolloutsFailed, exit 3).
         self.pool = RolloutPool(redis_url=cfg.fleet.redis_url, run=cfg.run, token=token,
-                                tls=tls)
+                                tls=tls, wait_for_replicas_s=cfg.fleet.replacement_wait_s)
         self.publisher = AdapterPublisher(self.root, cfg.run, cfg.model.name,
                                           SyncClient(cfg.fleet.sync_address, token=token,
-                                                     timeout_s=60, tls=tls))
+                                                     timeout_s=60, tls=tls),
+                                          announce_retry_s=cfg.fleet.publish_retry_s)
         self.state = State(cursor=SeedCursor(cfg.data.size))
         checkpoint = self._find_checkpoint(resume)
         model_dir = str(resolve_model_dir(cfg.model.profile, cfg.model.path))
@@ -217,9 +222,29 @@ class Learner:
             with WaitReport(f"{wanted} replica(s) to serve adapter version "
                             f"{published.version}",
                             lambda: replica_state(self.pool, wanted, published.version)):
-                return self.publisher.wait_live(published.version, wanted,
-                                                self.cfg.fleet.sync_timeout_s)
+                live = self.publisher.wait_live(
+                    published.version, wanted, self.cfg.fleet.sync_timeout_s,
+                    live_ids=self._live_replica_ids,
+                    replacement_wait_s=self.cfg.fleet.replacement_wait_s)
+            if live.short:
+                log.warning("training on with fewer replicas than min_replicas: the others "
+                            "died, hang or did not load the version in time",
+                            extra={"version": published.version, "serving": live.replica_ids,
+                                   "wanted": wanted, "refusals": live.refusals})
+                self._event("replicas_short", step=self.state.step,
+                            version=published.version, serving=live.replica_ids,
+                            wanted=wanted, refusals=live.refusals)
+            return live.publish_to_live_s
         return 0.0
+
+    def _live_replica_ids(self) -> set[str] | None:
+        """The replicas that heartbeat now (None when the registry cannot be read: then
+        nobody is assumed gone)."""
+        try:
+            return {r.replica_id for r in self.pool.replicas()}
+        except Exception:  # noqa: BLE001 - a hint only; the wait goes on without it
+            log.debug("registry unreadable while waiting for replicas", exc_info=True)
+            return None
 
     # -- rollouts --------------------------------------------------------------------
 
@@ -294,6 +319,37 @@ class Learner:
         self.pool.check_fits(cfg.data.group_size, cfg.fleet.max_groups_in_flight, wait_s=1.0)
 
     def run(self) -> dict:
+        """Trains; on a FleetFailure checkpoints the trained steps, records the failure
+        and raises it (the CLI turns it into one line and EXIT_FLEET_FAILURE)."""
+        try:
+            return self._run()
+        except FleetFailure as exc:
+            self._stop_on_failure(exc)
+            raise
+        except OSError as exc:  # a checkpoint or a metrics record the disk did not take
+            failure = disk_failure(exc, "to the runs root")
+            if failure is None:
+                raise
+            self._stop_on_failure(failure)  # the checkpoint may fail the same way: said
+            raise failure from exc
+
+    def _stop_on_failure(self, exc: FleetFailure) -> None:
+        """Saves every trained step (unless checkpoints are off) so that a rerun with
+        --resume auto loses none; a disk that cannot take it is said, not raised over the
+        failure that stopped the run."""
+        if self.cfg.checkpoint.every:
+            try:
+                self._checkpoint()
+            except OSError as err:
+                log.error("could not checkpoint step %d while stopping: %s",
+                          self.state.step, err, extra={"step": self.state.step})
+        try:
+            self._event("failed", step=self.state.step, saved_step=self.state.saved_step,
+                        error=type(exc).__name__, reason=str(exc))
+        except OSError as err:
+            log.error("could not record the failure in metrics.jsonl: %s", err)
+
+    def _run(self) -> dict:
         cfg = self.cfg
         started = time.perf_counter()
         self.check_fleet()
@@ -348,15 +404,32 @@ class Learner:
             return False
         t1 = time.perf_counter()
         keyed = [(request.idempotency_key, ts) for request, ts in groups]
-        rows, batch, signal = build_rows(keyed, self.state.version, self.cfg.grpo,
-                                         self.vision_ids)
+        try:
+            rows, batch, signal = build_rows(keyed, self.state.version, self.cfg.grpo,
+                                             self.vision_ids)
+        except NonFiniteRewards as exc:  # nothing trained: the step's seeds stay untrained
+            raise BadRewards(f"step {step + 1}: {exc}") from exc
         trajectories = [t for _, ts in keyed for t in ts]
         t2 = time.perf_counter()
         result = self.trainers.step(rows) if rows else None
         t3 = time.perf_counter()
         self.state.step += 1
         self.state.cursor.mark_trained(request.task.seed for request, _ in groups)
-        live_s = self.publish()
+        try:
+            live_s = self.publish()
+        except FleetFailure:
+            # The step is trained and is checkpointed on the way out (run): its record,
+            # written now, keeps it (and its seeds) in the run's lineage.
+            n = max(len(trajectories), 1)
+            try:
+                self._event("step", step=self.state.step, version=self.state.version,
+                            published=False, trajectories=len(trajectories),
+                            seeds=[request.task.seed for request, _ in groups],
+                            reward_mean=sum(t.reward for t in trajectories) / n,
+                            rows=len(rows), grad_norm=result.grad_norm if result else 0.0)
+            except OSError as err:  # the disk that failed the publish: say it, go on
+                log.error("could not record step %d: %s", self.state.step, err)
+            raise
         t4 = time.perf_counter()
         self.state.signal_trajectories += signal
         self.state.train_seconds += t4 - t0

@@ -1,22 +1,30 @@
 """Publishing adapter versions: write to /shared atomically, tell ckpt-sync, and (in sync
 mode) wait until enough replicas serve the version.
 
-ckpt-sync answers UNAVAILABLE (or RESOURCE_EXHAUSTED) when it cannot record a version now:
-Redis unreachable, or full (maxmemory with noeviction). The version is on /shared
-already, so the announcement is retried with a growing back-off for up to
-`announce_retry_s` (each attempt logged with ckpt-sync's reason), not given up after the
-client's few quick retries (its channel's retry policy: at most 5 attempts within one
-call's deadline, on UNAVAILABLE only; an outage of Redis lasts minutes)."""
+Every call to ckpt-sync is idempotent (`SyncClient.IDEMPOTENT`), so every transient answer
+is retried: UNAVAILABLE or RESOURCE_EXHAUSTED (Redis unreachable or full), and
+DEADLINE_EXCEEDED (ckpt-sync hung: SIGSTOPped, a stalled node). The version is on /shared
+already, so the calls are retried with a growing back-off for up to `announce_retry_s` in
+all (each attempt logged with the reason), not given up after the client's few quick
+retries (its channel's retry policy: UNAVAILABLE only, within one call's deadline); past
+that bound `PublishFailed` (a `FleetFailure`: the learner checkpoints and stops).
+
+Waiting for replicas (`wait_live`) never waits for a replica whose heartbeat expired, and
+does not stop the run when fewer than `min_replicas` serve the version: it trains on with
+those that do (`Live.short`), and only when none does waits for a replacement, then raises
+`ReplicasLost`."""
 
 from __future__ import annotations
 
 import errno
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from rlfleet.clients.sync import SyncClient
-from rlfleet.rpc.errors import ResourceExhausted, RpcError, Unavailable
+from rlfleet.rpc.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from rlfleet.storage import (
     DestinationExists,
     RunsRoot,
@@ -26,11 +34,24 @@ from rlfleet.storage import (
     publish_adapter_dir,
     retry,
 )
+from rlfleet.v1 import sync_pb2
+from rlfleet_learner.faults import PublishFailed, ReplicasLost, disk_failure
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
-# ckpt-sync could not record the version now (the registry is down or full): retry.
-RETRY_ANNOUNCE = (Unavailable, ResourceExhausted)
+# ckpt-sync could not answer now (the registry down or full, ckpt-sync itself hung): retry.
+RETRY_ANNOUNCE = (Unavailable, ResourceExhausted, DeadlineExceeded)
+# How long one WaitForReplicas call waits: between calls the learner looks at which
+# replicas still heartbeat, so a replica that died or hangs is not waited for.
+WAIT_SLICE_S = 2.0
+
+
+def is_wait_answer(err: Exception) -> bool:
+    """ckpt-sync's own answer to WaitForReplicas that too few replicas serve the version
+    yet (its message counts them), as opposed to the call's deadline passing with no
+    answer at all (ckpt-sync hung)."""
+    return isinstance(err, DeadlineExceeded) and "replicas serve run" in err.message
 
 
 # A permission error on /shared (a volume mounted read-only or with the wrong owner for a
@@ -46,6 +67,18 @@ def retry_write(exc: BaseException) -> bool:
 
 
 @dataclass
+class Live:
+    """The replicas that serve a version when the learner goes on. `short`: fewer than
+    the `wanted` ones (the others died, hang, or did not load it in time)."""
+
+    replica_ids: list[str]
+    wanted: int
+    publish_to_live_s: float
+    short: bool = False
+    refusals: list[str] = field(default_factory=list)  # "replica: reason" (ckpt-sync's)
+
+
+@dataclass
 class Published:
     version: int
     sha256: str
@@ -57,14 +90,16 @@ class Published:
 
 class AdapterPublisher:
     def __init__(self, runs_root: RunsRoot, run: str, base_model: str, sync: SyncClient,
-                 *, announce_retry_s: float = 600.0, max_backoff_s: float = 10.0) -> None:
+                 *, announce_retry_s: float = 600.0, max_backoff_s: float = 10.0,
+                 call_timeout_s: float = 60.0) -> None:
         self.root = runs_root
         self.run = run
         self.base_model = base_model
         self.sync = sync
         self.announce_retry_s = announce_retry_s
         self.max_backoff_s = max_backoff_s
-        self.announce_retries = 0  # Publish calls re-sent after a retryable answer
+        self.call_timeout_s = call_timeout_s  # one call's deadline (cut to the bound)
+        self.announce_retries = 0  # calls re-sent after a transient answer
 
     def next_version(self, at_least: int) -> int:
         existing = list_versions(self.root, self.run)
@@ -85,7 +120,8 @@ class AdapterPublisher:
             except DestinationExists:  # someone (a crashed earlier run) took the number
                 version = self.next_version(version + 1)
             except StorageError as exc:
-                raise RuntimeError(f"cannot write adapter version {version}: {exc}") from exc
+                raise (disk_failure(exc, f"adapter version {version}") or RuntimeError(
+                    f"cannot write adapter version {version}: {exc}")) from exc
         written = time.perf_counter() - start
         announce_start = time.perf_counter()
         self._announce(version, manifest.manifest_sha256)
@@ -93,38 +129,103 @@ class AdapterPublisher:
                          announce_s=time.perf_counter() - announce_start, stages=stages)
 
     def _announce(self, version: int, sha256: str) -> None:
-        """Publish through ckpt-sync, retrying UNAVAILABLE / RESOURCE_EXHAUSTED (the
-        registry down or full) for up to announce_retry_s; other answers are final."""
+        """Publish through ckpt-sync, retrying transient answers (`_retrying`); other
+        answers (a refused verification) are final."""
+        self._retrying(f"announcing adapter version {version}", "record the adapter version",
+                       lambda timeout_s: self.sync.publish(self.run, version, sha256=sha256,
+                                                           timeout_s=timeout_s))
+
+    def _retrying(self, what: str, doing: str, call: Callable[[float], T]) -> T:
+        """`call(timeout_s)`, re-sent on RETRY_ANNOUNCE answers with a growing back-off
+        for up to announce_retry_s in all (each call's deadline cut to what is left);
+        PublishFailed after that. ckpt-sync's own "too few replicas" answer is returned to
+        the caller (it is an answer, not a failure)."""
         deadline = time.monotonic() + self.announce_retry_s
         attempt = 0
         while True:
+            left = deadline - time.monotonic()
             try:
-                self.sync.publish(self.run, version, sha256=sha256)
+                result = call(max(1.0, min(self.call_timeout_s, left)))
                 if attempt:
-                    log.warning("adapter version announced after retries",
-                                extra={"version": version, "retries": attempt})
-                return
+                    log.warning("ckpt-sync answered after retries",
+                                extra={"what": what, "retries": attempt})
+                return result
             except RETRY_ANNOUNCE as err:
-                code, details = err.code, err.message
+                if is_wait_answer(err):
+                    raise
                 attempt += 1
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    log.error("ckpt-sync could not record the adapter version; giving up",
-                              extra={"version": version, "code": code.name,
-                                     "details": details, "attempts": attempt})
-                    raise
+                    log.error("ckpt-sync did not answer; giving up",
+                              extra={"what": what, "code": err.code.name,
+                                     "details": err.message, "attempts": attempt})
+                    raise PublishFailed(
+                        f"ckpt-sync at {self.sync.address} did not answer {what} within "
+                        f"{self.announce_retry_s:g}s ({attempt} attempts; last: "
+                        f"{err.code.name}: {err.message})") from err
                 self.announce_retries += 1
                 delay = min(self.max_backoff_s, 0.5 * 2 ** (attempt - 1), left)
-                log.warning("ckpt-sync cannot record the adapter version now; retrying",
-                            extra={"version": version, "code": code.name, "details": details,
-                                   "attempt": attempt, "retry_in_s": round(delay, 2)})
+                log.warning("ckpt-sync cannot %s now; retrying", doing,
+                            extra={"what": what, "code": err.code.name,
+                                   "details": err.message, "attempt": attempt,
+                                   "retry_in_s": round(delay, 2)})
                 time.sleep(delay)
 
-    def wait_live(self, version: int, min_replicas: int, timeout_s: float) -> float:
-        """Blocks until `min_replicas` serve `version`; the publish→live seconds."""
+    def _serving(self, version: int, n: int, timeout_s: float
+                 ) -> sync_pb2.WaitForReplicasResponse | None:
+        """ckpt-sync's WaitForReplicas for `n` replicas; None when fewer serve `version`
+        after `timeout_s`."""
         try:
-            reply = self.sync.wait_for_replicas(self.run, version, min_replicas, timeout_s)
-        except RpcError as err:  # DeadlineExceeded: too few replicas in time
-            raise RuntimeError(f"replicas did not load version {version}: {err.message}"
-                               ) from err
-        return reply.publish_to_live_s
+            return self._retrying(
+                f"waiting for replicas to serve adapter version {version}",
+                "answer the wait for replicas",
+                lambda call_s: self.sync.wait_for_replicas(self.run, version, n, timeout_s))
+        except DeadlineExceeded as err:
+            if is_wait_answer(err):
+                return None
+            raise
+
+    def wait_live(self, version: int, min_replicas: int, timeout_s: float, *,
+                  live_ids: Callable[[], set[str]] | None = None,
+                  replacement_wait_s: float = 0.0) -> Live:
+        """Blocks until `min_replicas` serve `version` (or newer), and returns them.
+
+        Goes on with fewer (`Live.short`) when every replica that still heartbeats serves
+        it (`live_ids`: the others died or hang; not waited for), or when `timeout_s` has
+        passed and at least one serves it. When none does by then, waits up to
+        `replacement_wait_s` more for one; then ReplicasLost."""
+        start = time.monotonic()
+        deadline = start + timeout_s
+        while True:
+            slice_s = max(0.0, min(WAIT_SLICE_S, deadline - time.monotonic()))
+            reply = self._serving(version, min_replicas, slice_s)
+            if reply is not None:
+                return Live(list(reply.replica_ids), min_replicas, reply.publish_to_live_s)
+            now = self._serving(version, 1, 0.0)
+            serving = list(now.replica_ids) if now is not None else []
+            alive = live_ids() if live_ids is not None else None
+            refusals = [f"{r.replica_id} refused version {r.version}: {r.reason}"
+                        for r in (now.refusals if now is not None else ())]
+            if serving and alive is not None and alive <= set(serving):
+                return Live(serving, min_replicas, time.monotonic() - start, short=True,
+                            refusals=refusals)
+            if time.monotonic() >= deadline:
+                if serving:
+                    return Live(serving, min_replicas, time.monotonic() - start, short=True,
+                                refusals=refusals)
+                break
+        log.warning("no replica serves the new adapter version; waiting for a replacement",
+                    extra={"version": version, "wanted": min_replicas,
+                           "replacement_wait_s": replacement_wait_s})
+        end = time.monotonic() + replacement_wait_s
+        while True:
+            reply = self._serving(version, 1, max(0.0, min(WAIT_SLICE_S,
+                                                              end - time.monotonic())))
+            if reply is not None:
+                return Live(list(reply.replica_ids), min_replicas,
+                            time.monotonic() - start, short=min_replicas > reply.replicas)
+            if time.monotonic() >= end:
+                raise ReplicasLost(
+                    f"no replica serves adapter version {version} of run {self.run!r} "
+                    f"after {timeout_s:g}s, nor after {replacement_wait_s:g}s more waiting "
+                    f"for a replacement (wanted {min_replicas})")

@@ -10,12 +10,13 @@ trainer's vision cache decodes a frame only the first time it sees it).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import replace
 
 import numpy as np
 
-from rlfleet.grpo import BatchStats, GRPOConfig, TrainSample, prepare_batch
+from rlfleet.grpo import BatchStats, GRPOConfig, NonFiniteRewards, TrainSample, prepare_batch
 from rlfleet.v1 import rollout_pb2
 
 
@@ -77,6 +78,19 @@ def generated_vision_tokens(t: rollout_pb2.Trajectory, vision_ids: set[int]) -> 
     return any(m and tok in vision_ids for tok, m in zip(t.token_ids, t.loss_mask, strict=True))
 
 
+def check_finite_rewards(
+        groups: Sequence[tuple[str, Sequence[rollout_pb2.Trajectory]]]) -> None:
+    """NonFiniteRewards naming the trajectory (group, index, reward service, replica) whose
+    reward is NaN or inf: checked before advantages, whatever the reward service let by."""
+    for key, trajectories in groups:
+        for t in trajectories:
+            if not math.isfinite(t.reward):
+                raise NonFiniteRewards(
+                    f"group {key} index {t.index}: reward {t.reward!r} from reward "
+                    f"{t.reward_name!r} {t.reward_version} (replica {t.replica_id!r}) is not "
+                    "a finite number; refusing to compute advantages from it")
+
+
 def build_rows(
     groups: Sequence[tuple[str, Sequence[rollout_pb2.Trajectory]]],
     current_version: int,
@@ -86,6 +100,7 @@ def build_rows(
     """Filters (unscoreable, staleness, zero-variance groups), computes advantages, and
     splits into rows. Also returns how many kept trajectories carry a learning signal
     (a non-zero advantage)."""
+    check_finite_rewards(groups)
     samples = [trajectory_sample(t, key) for key, trajectories in groups for t in trajectories
                if sum(t.loss_mask) > 0 and not generated_vision_tokens(t, vision_ids)]
     kept, stats = prepare_batch(samples, current_version, cfg)

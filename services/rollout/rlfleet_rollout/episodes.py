@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -45,6 +46,7 @@ from rlfleet.v1 import (
 )
 from rlfleet_rollout.adapters import LiveAdapter
 from rlfleet_rollout.batcher import GenerationBatcher
+from rlfleet_rollout.closer import EpisodeCloser
 
 
 def sampling_config(params: rollout_pb2.SamplingParams) -> SamplingConfig:
@@ -158,6 +160,22 @@ def _open_error(err: RpcError) -> RpcError:
     return Unavailable(f"env service at {err.peer} failed: {err.code.name}: {err.message}")
 
 
+def _score_error(err: RpcError) -> RpcError:
+    """The replica's answer when the reward service did not score the group. A reward
+    function that broke its contract (FAILED_PRECONDITION: it raised, or gave a NaN or a
+    reward outside its range) or a request it refuses (INVALID_ARGUMENT, NOT_FOUND) gets
+    the same answer from any replica: INVALID_ARGUMENT / NOT_FOUND with the reward
+    service's message, which the pool does not re-send (FAILED_PRECONDITION would be: it
+    also means "this replica has not loaded the adapter yet"). Anything else is the reward
+    service failing now (UNAVAILABLE: worth re-sending the group)."""
+    if isinstance(err, NotFound):
+        return NotFound(f"reward service: {err.message}")
+    if isinstance(err, FailedPrecondition | InvalidArgument):
+        return InvalidArgument(f"reward service at {err.peer} refused to score the group: "
+                               f"{err.code.name}: {err.message}")
+    return Unavailable(f"reward service at {err.peer} failed: {err.code.name}: {err.message}")
+
+
 @dataclass
 class GroupPlayer:
     batcher: GenerationBatcher
@@ -169,6 +187,11 @@ class GroupPlayer:
     # what the served checkpoint says about observation profiles (rlfleet.policy.observation)
     model_dir: str = ""
     profile_marks: ProfileMarks = field(default_factory=ProfileMarks)
+    closer: EpisodeCloser | None = None  # default: one over `env`
+
+    def __post_init__(self) -> None:
+        if self.closer is None:
+            self.closer = EpisodeCloser(self.env)
 
     def play(self, request: rollout_pb2.GroupRequest, adapter: LiveAdapter,
              is_active: Callable[[], bool], queued_s: float = 0.0
@@ -198,9 +221,12 @@ class GroupPlayer:
         unseeded = SamplingConfig(**{**params.__dict__, "seed": None})
         G = request.group_size
         start = time.perf_counter()
+        request_id = uuid.uuid4().hex
         try:
-            opened = self.env.open([spec] * G, include_image=True)
+            opened = self.env.open([spec] * G, include_image=True, request_id=request_id)
         except RpcError as err:
+            # the env may have opened them and lost only its answer: close them by name
+            self.closer.close(request_ids=[request_id], now=False)
             raise _open_error(err) from err
         live: list[Episode] = []
         for i, e in enumerate(opened):
@@ -264,19 +290,13 @@ class GroupPlayer:
                     yield from self._finish(request, spec, finished, adapter, context, queued_s)
                     open_ids -= {ep.episode_id for ep in finished}
         finally:
-            if open_ids:
-                try:
-                    self.env.close_episodes(sorted(open_ids), timeout_s=5)
-                except RpcError:
-                    pass  # the env expires idle episodes by itself
+            if open_ids:  # the group failed or was cancelled: its episodes go now
+                self.closer.close(episode_ids=open_ids)
 
     def _finish(self, request: rollout_pb2.GroupRequest, spec: common_pb2.TaskSpec,
                 episodes: list[Episode], adapter: LiveAdapter, context: str,
                 queued_s: float) -> Iterator[rollout_pb2.Trajectory]:
-        try:
-            self.env.close_episodes([e.episode_id for e in episodes])
-        except RpcError:
-            pass  # the episodes are finished; the env expires what it could not close
+        self.closer.close(episode_ids=[e.episode_id for e in episodes])
         t0 = time.perf_counter()
         try:
             scored = self.reward.score([
@@ -284,8 +304,7 @@ class GroupPlayer:
                                          final_state=e.final_state)
                 for e in episodes])
         except RpcError as err:
-            raise Unavailable(f"reward service failed: {err.code.name}: {err.message}"
-                              ) from err
+            raise _score_error(err) from err
         reward_s = time.perf_counter() - t0
         vision_start = self.codec.tokenizer.convert_tokens_to_ids("<|vision_start|>")
         for ep, score in zip(episodes, scored.scores, strict=True):

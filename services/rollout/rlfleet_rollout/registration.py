@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import redis
 
@@ -19,6 +20,7 @@ from rlfleet.fleet import (
     fleet_unavailable_reason,
 )
 from rlfleet.fleet.adapters import PendingVersion
+from rlfleet.storage import PathOutsideRunsRoot, RunsRoot
 from rlfleet_rollout.adapters import AdapterManager, AdapterRefused, Prefetch
 
 log = logging.getLogger(__name__)
@@ -96,9 +98,33 @@ class Heartbeat:
             self.try_beat()
 
 
+# How many times a replica tries a version that did not verify (the first load included).
+MAX_LOAD_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class Refused:
+    attempts: int
+    signature: tuple | None  # the version's files when it was last tried
+
+
+def files_signature(runs_root: RunsRoot, path: str) -> tuple | None:
+    """(name, size, mtime) of every file of an adapter directory: changes when its bytes
+    are replaced. None when it cannot be read (or lies outside the runs root)."""
+    try:
+        source = runs_root.resolve(path)
+        return tuple(sorted((p.name, st.st_size, st.st_mtime_ns)
+                            for p in source.iterdir() if p.is_file()
+                            for st in (p.stat(),)))
+    except (OSError, PathOutsideRunsRoot):
+        return None
+
+
 class AdapterWatcher:
-    """Loads every newer version it hears of; a refused version is remembered and never
-    retried (it would be refused again).
+    """Loads every newer version it hears of. A refused version is remembered, reported in
+    Redis (WaitForReplicas names who refused what) and tried again only when it is
+    announced again or its files on /shared changed since (the bytes that did not verify
+    were being replaced: a later read may verify), at most `max_attempts` times in all.
 
     Event-driven: it blocks on the run's pub/sub channel and starts loading the moment an
     announcement arrives (the wait wakes on the message; `events_poll_s` only bounds how
@@ -113,12 +139,14 @@ class AdapterWatcher:
     PREFETCH_TTL_S = 120.0  # a read-ahead never announced (refused) is dropped after this
 
     def __init__(self, registry: AdapterDirectory, manager: AdapterManager,
-                 poll_s: float = 2.0, events_poll_s: float = 0.5) -> None:
+                 poll_s: float = 2.0, events_poll_s: float = 0.5,
+                 max_attempts: int = MAX_LOAD_ATTEMPTS) -> None:
         self.registry = registry
         self.manager = manager
         self.poll_s = poll_s
         self.events_poll_s = events_poll_s
-        self.refused: set[tuple[int, str]] = set()
+        self.max_attempts = max_attempts
+        self.refused: dict[tuple[int, str], Refused] = {}
         self._prefetch: Prefetch | None = None
         self._prefetcher = ThreadPoolExecutor(max_workers=1,
                                               thread_name_prefix="adapter-read-ahead")
@@ -150,17 +178,34 @@ class AdapterWatcher:
             return prefetch
         return None
 
-    def _consider(self, record, noticed_at: float | None = None) -> None:  # noqa: ANN001
+    def _consider(self, record, noticed_at: float | None = None,  # noqa: ANN001
+                  announced: bool = False) -> None:
+        """Loads `record` if newer. A version refused before is tried again only when
+        `announced` (an event, not the poll) or when its files changed, within the bound."""
         prefetch = self._take_prefetch(record)
         if record.version <= self.manager.current.version:
             return
-        if (record.version, record.sha256) in self.refused:
+        key = (record.version, record.sha256)
+        before = self.refused.get(key)
+        signature = files_signature(self.manager.runs_root, record.path)
+        if before is not None and (before.attempts >= self.max_attempts or (
+                not announced and signature == before.signature)):
             return
         try:
             self.manager.load(record, noticed_at=noticed_at or time.time(), prefetch=prefetch)
         except AdapterRefused as exc:
-            self.refused.add((record.version, record.sha256))
-            log.error("adapter refused", extra={"version": record.version, "error": str(exc)})
+            attempts = (before.attempts if before else 0) + 1
+            self.refused[key] = Refused(attempts, signature)
+            log.error("adapter refused", extra={
+                "version": record.version, "error": str(exc), "attempts": attempts,
+                "retries_left": max(0, self.max_attempts - attempts)})
+            try:
+                self.registry.refuse(record.run, record.version, self.manager.replica_id,
+                                     str(exc), attempts)
+            except redis.RedisError as err:
+                log.warning("refusal not recorded", extra={"error": repr(err)})
+            return
+        self.refused.pop(key, None)
 
     def start(self) -> None:
         self._thread.start()
@@ -179,7 +224,7 @@ class AdapterWatcher:
                 if isinstance(event, PendingVersion):
                     self._hint(event.record)
                 elif event is not None:
-                    self._consider(event, noticed_at=time.time())
+                    self._consider(event, noticed_at=time.time(), announced=True)
                 if (self._prefetch is not None
                         and time.time() - self._prefetch.hinted_at > self.PREFETCH_TTL_S):
                     self._prefetch = None

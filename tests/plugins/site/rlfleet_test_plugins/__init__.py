@@ -46,7 +46,8 @@ class CountdownTask(Task):
         return CountdownEpisode(3 + spec.seed % 7, spec.max_turns or 12)
 
 
-@reward_function("turn-count", "0.1.0", components=("task", "turns"))
+@reward_function("turn-count", "0.1.0", components=("task", "turns"),
+                 reward_range=(-10.0, 1.0))  # 0.01 per turn, up to 1000 turns
 def turn_count(episode) -> Score:  # noqa: ANN001
     """The env's return, less 0.01 per turn (any task)."""
     task = episode.env_return
