@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests import leaks
-from tests.waits import ENV
+from tests.waits import ENV, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,7 +66,8 @@ def test_a_process_left_running_is_named_and_killed() -> None:
                              start_new_session=True,  # as an orphaned service would be
                              env={**os.environ, leaks.MARK_ENV: mark})
     try:
-        assert stray.pid in leaks.marked_processes(mark)
+        # until the child has exec'd, /proc shows the environment it was forked with
+        wait_until("the stray to carry its mark", lambda: stray.pid in leaks.marked_processes(mark))
         assert stray.pid not in leaks.marked_processes(os.environ[leaks.MARK_ENV])
         with pytest.raises(AssertionError, match=rf"(?s)1 process.*{stray.pid}: .*time.sleep"):
             leaks.assert_none_left(grace_s=0.5, mark=mark)

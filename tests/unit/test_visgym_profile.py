@@ -253,3 +253,12 @@ def test_the_production_config_selects_the_visgym_profile_the_goldens_pin() -> N
         (g["size"], g["max_turns"], ref.HARNESS["image"]["cell_px"])
     # the reference eval: the 64 fixed 9x9 mazes, seeds 0..63, greedy (requests.py)
     assert (cfg.eval.eval_seeds, cfg.eval.heldout_seeds) == (64, 0)
+
+
+def test_visgym_requests_draw_visgyms_cells_by_default() -> None:
+    """The rollout's default cell size for the visgym profile is VisGym's (the constant is
+    spelled in rlfleet.policy.contexts to keep the maze package out of every CLI start)."""
+    from rlfleet.maze.visgym import VISGYM_CELL_PX
+    from rlfleet.policy.contexts import CONTEXT_CELL_PX
+
+    assert CONTEXT_CELL_PX == {"visgym": VISGYM_CELL_PX}

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import base64
 
-from rlfleet.maze.visgym import VISGYM_CELL_PX
 from rlfleet.names import CONTEXTS  # the names are defined once, as the proto enum Context
 
 # the contexts that keep the whole conversation: one token sequence per episode
@@ -43,9 +42,11 @@ FULL_HISTORY_CONTEXTS = ("full", "visgym")
 PER_TURN_CONTEXTS = tuple(c for c in CONTEXTS if c not in FULL_HISTORY_CONTEXTS)
 # the action format a context's task must be played in (the env writes its observations)
 CONTEXT_ACTION_FORMATS = {"visgym": "visgym"}
-# ... and the cell size its frames are drawn at (VisGym's harness draws 25 px cells), which
-# wins over a replica's default for its model (the tiny policy's 16 px)
-CONTEXT_CELL_PX = {"visgym": VISGYM_CELL_PX}
+# ... and the cell size its frames are drawn at (VisGym's harness draws 25 px cells,
+# rlfleet.maze.visgym.VISGYM_CELL_PX, which a test holds equal: importing the maze package
+# here would make every CLI start load numpy and Pillow), which wins over a replica's
+# default for its model (the tiny policy's 16 px)
+CONTEXT_CELL_PX = {"visgym": 25}
 
 
 def is_full_history(context: str) -> bool:
