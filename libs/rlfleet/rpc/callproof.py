@@ -14,6 +14,17 @@ call: it can replay it, to the same method, within the window, and nothing else;
 secret is never revealed. (No nonce cache: gRPC re-sends a call's headers unchanged on a
 retry, which a cache would refuse.) Servers still accept a bearer token, for tools such
 as grpcurl; rlfleet's own clients never send one.
+
+The proof goes both ways. A fleet server answers a proven call with its own proof in the
+response headers,
+
+    rlfleet-answer-proof: <hex HMAC-SHA256>
+
+under another key derived from the token, over the method and the caller's proof (so over
+the caller's fresh nonce): only a holder of the token can make it, and it is good for
+that one call only. rlfleet's clients refuse an answer without it (UNAUTHENTICATED): a
+process that took over a replica's port, or an address planted in Redis, can neither
+learn the token nor have its answers (a rollout group with reward 10.0) accepted.
 """
 
 from __future__ import annotations
@@ -61,3 +72,21 @@ def check_proof(key: bytes, value: str, method: str, now: float | None = None) -
     if not abs((time.time() if now is None else now) - when) <= WINDOW_S:
         return False
     return hmac.compare_digest(mac, _mac(key, method, at, nonce))
+
+
+ANSWER_HEADER = "rlfleet-answer-proof"
+
+
+def answer_key(token: str) -> bytes:
+    """The key a server proves its answers with: another derivation of the token."""
+    return hmac.new(token.encode(), b"rlfleet/answer-proof/v1", hashlib.sha256).digest()
+
+
+def make_answer(key: bytes, method: str, call_proof: str) -> str:
+    """The `ANSWER_HEADER` value for the call to `method` that `call_proof` proved."""
+    return hmac.new(key, f"{method}\0{call_proof}".encode(), hashlib.sha256).hexdigest()
+
+
+def check_answer(key: bytes, value: str, method: str, call_proof: str) -> bool:
+    """Whether `value` (the answer's header) proves the answer to that call."""
+    return hmac.compare_digest(value, make_answer(key, method, call_proof))

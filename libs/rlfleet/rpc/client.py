@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,8 @@ from typing import Any
 import grpc
 
 from rlfleet.limits import MAX_MESSAGE_BYTES
-from rlfleet.rpc.callproof import make_proof, proof_key
+from rlfleet.rpc.callproof import ANSWER_HEADER, answer_key, check_answer, make_proof, proof_key
+from rlfleet.rpc.interceptors import UNAUTHENTICATED_SERVICES
 
 log = logging.getLogger(__name__)
 
@@ -78,29 +79,109 @@ def service_config(service: str | None, methods: Collection[str], policy: RetryP
     }]})
 
 
+class UnprovenAnswer(grpc.RpcError):
+    """An answer whose sender did not prove it holds the fleet's token (no valid
+    `rlfleet-answer-proof` header): refused as UNAUTHENTICATED, whatever it carried."""
+
+    def __init__(self, method: str) -> None:
+        super().__init__(method)
+        self._details = (f"{method}: the peer did not prove it belongs to the fleet (no valid "
+                         "answer proof); its answer is refused")
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAUTHENTICATED
+
+    def details(self) -> str:
+        return self._details
+
+    def result(self, timeout: float | None = None) -> Any:  # the unary outcome's protocol
+        raise self
+
+    def exception(self, timeout: float | None = None) -> Exception:
+        return self
+
+    def initial_metadata(self) -> tuple:
+        return ()
+
+    def trailing_metadata(self) -> tuple:
+        return ()
+
+    def __str__(self) -> str:
+        return self._details
+
+
+class _ProvenStream:
+    """A server-streaming call whose first message is handed out only once the answer's
+    headers carry a valid proof; everything else is the call's."""
+
+    def __init__(self, call: Any, method: str, proven: Callable[[Any], bool]) -> None:
+        self._call = call
+        self._method = method
+        self._proven = proven
+        self._checked = False
+
+    def __iter__(self) -> _ProvenStream:
+        return self
+
+    def __next__(self) -> Any:
+        if not self._checked:
+            if not self._proven(self._call):
+                # a call that failed raises its own error here; one that answered, or
+                # ended, without the proof is refused
+                try:
+                    next(self._call)
+                except StopIteration:
+                    pass
+                self._call.cancel()
+                raise UnprovenAnswer(self._method)
+            self._checked = True
+        return next(self._call)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._call, name)
+
+
 class _TokenInterceptor(
     grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor
 ):
     """Proves every call with the shared token (`rlfleet.rpc.callproof`: a per-call MAC,
-    never the token itself, so a peer that is not the fleet's learns no secret). Works on
-    plaintext channels, unlike call credentials."""
+    never the token itself, so a peer that is not the fleet's learns no secret), and takes
+    an answer only with the server's proof for that call (a peer that is not the fleet's
+    has nothing accepted). Works on plaintext channels, unlike call credentials."""
 
     def __init__(self, token: str) -> None:
         self._key = proof_key(token)
+        self._answer_key = answer_key(token)
 
-    def _with_token(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+    def _with_token(self, details: grpc.ClientCallDetails
+                    ) -> tuple[grpc.ClientCallDetails, str, str]:
         method = details.method.decode() if isinstance(details.method, bytes) \
             else details.method
-        proof = ("authorization", make_proof(self._key, method))
-        metadata = [*(details.metadata or ()), proof]
-        return _CallDetails(details.method, details.timeout, metadata, details.credentials,
-                            details.wait_for_ready, details.compression)
+        proof = make_proof(self._key, method)
+        metadata = [*(details.metadata or ()), ("authorization", proof)]
+        return (_CallDetails(details.method, details.timeout, metadata, details.credentials,
+                             details.wait_for_ready, details.compression), method, proof)
+
+    def _prover(self, method: str, proof: str) -> Callable[[Any], bool]:
+        def proven(call: Any) -> bool:
+            value = dict(call.initial_metadata() or ()).get(ANSWER_HEADER)
+            return isinstance(value, str) and check_answer(self._answer_key, value, method,
+                                                           proof)
+        return proven
 
     def intercept_unary_unary(self, continuation, details, request):  # noqa: ANN001
-        return continuation(self._with_token(details), request)
+        details, method, proof = self._with_token(details)
+        outcome = continuation(details, request)
+        if method.startswith(UNAUTHENTICATED_SERVICES) or outcome.exception() is not None:
+            return outcome  # a probe's answer, or the call's own failure
+        return outcome if self._prover(method, proof)(outcome) else UnprovenAnswer(method)
 
     def intercept_unary_stream(self, continuation, details, request):  # noqa: ANN001
-        return continuation(self._with_token(details), request)
+        details, method, proof = self._with_token(details)
+        call = continuation(details, request)
+        if method.startswith(UNAUTHENTICATED_SERVICES):
+            return call
+        return _ProvenStream(call, method, self._prover(method, proof))
 
 
 class _CallDetails(grpc.ClientCallDetails):

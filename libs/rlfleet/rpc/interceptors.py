@@ -28,8 +28,8 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Histogram
 
+from rlfleet.rpc.callproof import ANSWER_HEADER, answer_key, check_proof, make_answer, proof_key
 from rlfleet.rpc.callproof import SCHEME as PROOF_SCHEME
-from rlfleet.rpc.callproof import check_proof, proof_key
 from rlfleet.rpc.errors import InvalidArgument, RpcError
 
 log = logging.getLogger(__name__)
@@ -147,16 +147,32 @@ def refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: str
         refuse, response_serializer=handler.response_serializer)
 
 
+def answering(handler: grpc.RpcMethodHandler, metadata: tuple[tuple[str, str], ...]
+              ) -> grpc.RpcMethodHandler:
+    """`handler`, sending `metadata` as the response headers before its behaviour runs
+    (the answer's proof: `rlfleet.rpc.callproof`)."""
+
+    def wrap(behaviour: Callable, _streaming: bool) -> Callable:
+        def run(request: Any, context: grpc.ServicerContext) -> Any:
+            context.send_initial_metadata(metadata)
+            return behaviour(request, context)
+        return run
+
+    return _replace_behaviour(handler, wrap)
+
+
 class AuthInterceptor(grpc.ServerInterceptor):
     """Rejects calls (UNAUTHENTICATED, at the headers: the request is never read, see
     `refusal`) whose `authorization` is neither a valid per-call proof
-    (`rlfleet.rpc.callproof`, what rlfleet's clients send) nor `Bearer <token>` (tools)."""
+    (`rlfleet.rpc.callproof`, what rlfleet's clients send) nor `Bearer <token>` (tools);
+    answers a proven call with the server's own proof in the response headers."""
 
     def __init__(self, token: str) -> None:
         if not token or not token.strip():
             raise ValueError("auth token must be non-empty")
         self._expected = f"Bearer {token}".encode()
         self._key = proof_key(token)
+        self._answer_key = answer_key(token)
 
     def _authorized(self, given: str | bytes, method: str) -> bool:
         value = given.decode("utf-8", "replace") if isinstance(given, bytes) else given
@@ -170,7 +186,12 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return continuation(handler_call_details)
         given = dict(handler_call_details.invocation_metadata or ()).get("authorization", "")
         if self._authorized(given, method):
-            return continuation(handler_call_details)
+            handler = continuation(handler_call_details)
+            value = given.decode("utf-8", "replace") if isinstance(given, bytes) else given
+            if handler is None or not value.startswith(f"{PROOF_SCHEME} "):
+                return handler  # a tool's bearer token: it checks no answer
+            return answering(handler, ((ANSWER_HEADER,
+                                        make_answer(self._answer_key, method, value)),))
         handler = continuation(handler_call_details)
         if handler is None:
             return None
