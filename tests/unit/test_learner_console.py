@@ -215,3 +215,14 @@ def test_human_setup_sends_json_to_the_runs_log_file(tmp_path):
         logging.captureWarnings(False)
         logging.setLoggerClass(logging.Logger)
     assert learner_log_file(tmp_path, "../escape") is None
+
+
+def test_the_start_line_says_whether_the_run_resumes():
+    from rlfleet_learner.reporting import start_line
+
+    assert start_line("tiny-maze", "auto", 15, "/shared/runs/tiny-maze/checkpoints/step_15") \
+        == ("resuming run tiny-maze from step 15 "
+            "(checkpoint /shared/runs/tiny-maze/checkpoints/step_15)")
+    assert start_line("tiny-maze", "auto", None, None) == \
+        "starting run tiny-maze from step 0 (no checkpoint yet)"
+    assert start_line("r", "none", None, None) == "starting run r from step 0 (--resume none)"

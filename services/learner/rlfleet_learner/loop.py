@@ -51,7 +51,12 @@ from rlfleet_learner.evaluation import evaluate
 from rlfleet_learner.faults import BadRewards, FleetFailure, disk_failure
 from rlfleet_learner.feed import Group, GroupFeed
 from rlfleet_learner.publisher import AdapterPublisher
-from rlfleet_learner.reporting import WaitReport, replica_state, report_progress
+from rlfleet_learner.reporting import (
+    WaitReport,
+    replica_state,
+    report_progress,
+    start_line,
+)
 from rlfleet_learner.requests import sampling_seed, train_group
 from rlfleet_learner.samples import build_rows, segment_rows, trajectory_sample
 from rlfleet_learner.tensorboard import TensorBoardLog
@@ -138,6 +143,12 @@ class Learner:
                                           announce_retry_s=cfg.fleet.publish_retry_s)
         self.state = State(cursor=SeedCursor(cfg.data.size))
         checkpoint = self._find_checkpoint(resume)
+        # Said before the model loads (minutes on a big one): which attempt this is.
+        log.info(start_line(cfg.run, resume, checkpoint.step if checkpoint else None,
+                            checkpoint.path if checkpoint else None),
+                 extra={"run": cfg.run, "resume": resume,
+                        "resumed_step": checkpoint.step if checkpoint else None,
+                        "checkpoint": str(checkpoint.path) if checkpoint else None})
         model_dir = str(resolve_model_dir(cfg.model.profile, cfg.model.path))
         self.vision_ids = set(vision_token_ids(load_processor(model_dir)))
         self.trainers = TrainerGroup(cfg, model_dir)

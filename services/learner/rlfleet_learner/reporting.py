@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -28,6 +29,16 @@ def report_progress(msg: str, fields: Mapping[str, Any], human: Callable[[], str
     which shows `human()` instead; the JSON lines leave it out."""
     scalars = {k: v for k, v in fields.items() if isinstance(v, (int, float, str, bool))}
     log.info(msg, extra={**scalars, CONSOLE_ATTR: human})
+
+
+def start_line(run: str, resume: str, step: int | None, checkpoint: str | Path | None
+               ) -> str:
+    """The learner's first word on a run: resuming it (from which step and checkpoint,
+    what a deploy over an old run's directory does with --resume auto) or starting it."""
+    if step is not None:
+        return f"resuming run {run} from step {step} (checkpoint {checkpoint})"
+    how = "no checkpoint yet" if resume in ("auto", "latest") else f"--resume {resume}"
+    return f"starting run {run} from step 0 ({how})"
 
 
 class WaitReport:
