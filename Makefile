@@ -22,7 +22,7 @@ help:
 	@echo "make undeploy      helm uninstall"
 	@echo "make chart-check   helm lint + offline validation of both profiles"
 	@echo "make cluster-up    a single-node Kubernetes here, local images loaded (KUBECONFIG printed)"
-	@echo "make cluster-down  stop it and put the host back"
+	@echo "make cluster-down  stop it and put the host back (keeps /var/lib/rlfleet/shared; PURGE=1 removes it)"
 	@echo "make apiserver-start / apiserver-stop   an API server alone (no nodes)"
 	@echo "make clean         remove generated stubs"
 

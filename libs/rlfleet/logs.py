@@ -25,10 +25,18 @@ import os
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 
 COMMON_KEYS = ("ts", "level", "service", "logger", "msg")
+
+# Who reads a process's console: "human" (a person at a terminal: short readable lines,
+# the JSON lines go to a log file) or "json" (a pod's log, a pipe: JSON lines only).
+# Unset, stderr being a terminal decides; a parent whose child's stderr is not the
+# terminal it prints on (`make run`) sets it for the child.
+CONSOLE_ENV = "RLFLEET_CONSOLE"
+CONSOLE_MODES = ("human", "json")
 
 # Top-level loggers of libraries that add a handler of their own (transformers, ray and
 # vllm do, with propagation off) or may log before anything else is set up.
@@ -62,6 +70,27 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         return json.dumps(doc, default=str)
+
+
+def human_console(env: Mapping[str, str] | None = None, stream: IO[str] | None = None
+                  ) -> bool:
+    """Whether a person reads this console: RLFLEET_CONSOLE=human|json if set (anything
+    else is refused: a typo must not silently pick one), else whether `stream` (stderr)
+    is a terminal."""
+    env = os.environ if env is None else env
+    mode = env.get(CONSOLE_ENV, "").strip().lower()
+    if mode:
+        if mode not in CONSOLE_MODES:
+            raise ValueError(f"{CONSOLE_ENV}={env[CONSOLE_ENV]!r}: use one of "
+                             f"{', '.join(CONSOLE_MODES)}")
+        return mode == "human"
+    stream = sys.stderr if stream is None else stream
+    return bool(getattr(stream, "isatty", lambda: False)())
+
+
+def is_library_logger(name: str) -> bool:
+    """Whether `name` is a library's logger (LIBRARY_LOGGERS), not the project's."""
+    return _is_library(name)
 
 
 def _is_library(name: str) -> bool:

@@ -482,3 +482,58 @@ def test_hyperpod_rollout_serves_the_8b_profile_with_the_learners_staleness(rend
     assert profile.max_turns == learner["data"]["max_turns"]
     assert profile.max_new_tokens >= learner["data"]["max_new_tokens"]
     assert profile.frame_px == learner["data"]["size"] * learner["data"]["cell_px"]
+
+
+def install_notes(helm: str, values: Path | None, *sets: str) -> str:
+    """The NOTES.txt `helm install` prints (`helm template` leaves NOTES out; a client-side
+    dry run renders them with no cluster)."""
+    argv = [helm, "install", "rlfleet", str(CHART), "--namespace", "rlfleet",
+            "--dry-run=client"]
+    if values is not None:
+        argv += ["-f", str(values)]
+    for s in sets:
+        argv += ["--set", s]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "NOTES:" in out.stdout, out.stdout
+    return out.stdout.split("NOTES:", 1)[1]
+
+
+def commands(notes: str) -> list[str]:
+    return [line.strip() for line in notes.splitlines() if line.startswith("  ")
+            and line.split()[0] in ("kubectl", "helm", "make", "rlfleet", "export")]
+
+
+def test_local_notes_print_only_what_the_local_profile_has(helm: str) -> None:
+    notes = install_notes(helm, LOCAL)
+    cmds = commands(notes)
+    assert "rayjob" not in notes.lower()  # the local profile has no RayJob (no KubeRay)
+    assert "kubectl -n rlfleet get deploy,statefulset,job -l app.kubernetes.io/instance=rlfleet" \
+        in cmds
+    assert "kubectl -n rlfleet logs -f job/rlfleet-learner" in cmds
+    assert "helm test rlfleet -n rlfleet --logs" in cmds
+    # the local route's tools are not on a default PATH: the notes say where they are
+    assert 'export PATH="$HOME/.cache/rlfleet/k8s/bin:$PWD/.venv/bin:$PATH"' in cmds
+    deploys = [c for c in cmds if c.startswith("make deploy")]
+    assert len(deploys) == 2
+    assert all("VALUES=deploy/helm/rlfleet/values-local.yaml" in c for c in deploys), deploys
+    assert "resume" in notes and "/shared/runs/tiny-maze" in notes
+
+
+def test_hyperpod_notes_name_the_rayjob_and_the_images(helm: str) -> None:
+    notes = install_notes(helm, HYPERPOD, "global.imageRegistry=123.dkr.ecr.x.amazonaws.com",
+                          "global.imageTag=v7")
+    cmds = commands(notes)
+    assert any(",rayjob -l" in c for c in cmds)
+    assert "helm test rlfleet -n rlfleet --logs" in cmds
+    assert not any(c.startswith("export PATH") for c in cmds)
+    deploys = [c for c in cmds if c.startswith("make deploy")]
+    assert len(deploys) == 2
+    for c in deploys:  # make's default VALUES is this profile's; the images as installed
+        assert "VALUES=" not in c and "REGISTRY=123.dkr.ecr.x.amazonaws.com TAG=v7" in c
+
+
+def test_notes_without_a_profile_upgrade_with_helm(helm: str) -> None:
+    cmds = commands(install_notes(helm, None))
+    assert not any(c.startswith("make deploy") for c in cmds)
+    assert sum("--reuse-values" in c for c in cmds) == 2

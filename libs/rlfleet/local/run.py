@@ -5,6 +5,11 @@ CPU), then the learner as a local Ray job starting from the shipped SFT checkpoi
 GRPO for the configured steps with a line per step; evaluates before and after; writes
 runs/<id>/metrics.jsonl, learning_curve.png and summary.json; prints a before/after
 table; and stops everything it started, also on Ctrl-C.
+
+On a terminal the learner prints a short line per step and a table per eval, and its
+JSON log goes to runs/<id>/logs/learner.log (beside the services' logs); off one (a
+pipe, CI) the console gets the JSON lines. The learner is told which through
+RLFLEET_CONSOLE (human|json), decided from this command's own stdout: set it to choose.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import IO
 
 import yaml
 
@@ -25,6 +32,7 @@ from rlfleet.config import TOKEN_NAME, fleet_token
 from rlfleet.local.metrics import read_events
 from rlfleet.local.plots import learning_curve
 from rlfleet.local.stack import start_stack
+from rlfleet.logs import CONSOLE_ENV, human_console
 from rlfleet.policy.profiles import resolve_model_dir
 
 # Relative to the current directory: `make run` runs from the repository root, and an
@@ -52,6 +60,15 @@ def learner_config(path: Path, *, run: str, steps: int | None) -> dict:
     if model_path and not Path(model_path).is_absolute():
         model_cfg["path"] = str(Path(model_path).resolve())
     return cfg
+
+
+def learner_console_env(env: Mapping[str, str] | None = None,
+                        stdout: IO[str] | None = None) -> dict[str, str]:
+    """RLFLEET_CONSOLE for the learner: what the environment says, else "human" when
+    this command's stdout is a terminal (the learner's stderr is this command's, but a
+    `make` or a wrapper may hand it a pipe while the person watches stdout)."""
+    human = human_console(env, sys.stdout if stdout is None else stdout)
+    return {CONSOLE_ENV: "human" if human else "json"}
 
 
 def _table(first: dict, last: dict) -> str:
@@ -155,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the run's directory is made (default: %(default)s, from "
                              "the current directory)")
     args = parser.parse_args(argv)
+    try:
+        learner_console_env()  # a mistyped RLFLEET_CONSOLE: said before anything starts
+    except ValueError as exc:
+        parser.error(str(exc))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     started = time.perf_counter()
     run = args.run or time.strftime("local-%Y%m%d-%H%M%S")
@@ -196,10 +217,14 @@ def main(argv: list[str] | None = None) -> int:
             runs_root=str(runs_root), min_replicas=args.replicas)
         config_path = run_dir / "learner.yaml"
         config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        console = learner_console_env()
+        if console[CONSOLE_ENV] == "human":
+            print(f"  learner: a line per step here; its JSON log in "
+                  f"{run_dir / 'logs' / 'learner.log'}", flush=True)
         learner = subprocess.Popen(
             [sys.executable, "-m", "rlfleet.cli", "learner", "run", "--config",
              str(config_path), "--summary", str(run_dir / "learner_summary.json")],
-            start_new_session=True)
+            env={**os.environ, **console}, start_new_session=True)
         while learner.poll() is None:
             if interrupted:
                 learner.send_signal(signal.SIGTERM)

@@ -54,10 +54,11 @@ def _run(args: argparse.Namespace) -> int:
 
     from rlfleet.clients.rollout_pool import InsufficientCapacity
     from rlfleet.config import ConfigError
-    from rlfleet.logs import setup_logging
+    from rlfleet.logs import human_console
     from rlfleet.policy.loading import CheckpointError
     from rlfleet.storage import PathOutsideRunsRoot
     from rlfleet.storage.checkpoints import CheckpointError as DamagedCheckpoint
+    from rlfleet_learner.console import learner_log_file, setup_learner_logging
     from rlfleet_learner.faults import EXIT_FLEET_FAILURE, FleetFailure
     from rlfleet_learner.loop import FreshStartRefused, Learner, NoCheckpoint
     from rlfleet_learner.ray_logs import relay_worker_output
@@ -68,10 +69,14 @@ def _run(args: argparse.Namespace) -> int:
         flags = {**assignments(args.set_values),
                  **{k: v for k, v in named.items() if v is not None}}
         cfg = learner_config(args.config, os.environ, **flags)
-    except ConfigError as exc:
+        human = human_console()  # RLFLEET_CONSOLE, else whether stderr is a terminal
+    except (ConfigError, ValueError) as exc:
         print(f"rlfleet learner: {exc}", file=sys.stderr)
         return 2
-    setup_logging("learner", args.log_level)
+    # A person at the console reads short lines; the JSON lines go to the run's log file.
+    log_file = learner_log_file(cfg.fleet.runs_root, cfg.run) if human else None
+    if setup_learner_logging(args.log_level, human, log_file):
+        log.info(f"rlfleet learner: run {cfg.run}; the JSON log is in {log_file}")
     stop = threading.Event()
     received: list[int] = []
 
@@ -104,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
     # the trainers' state unsaved and Ray's agents orphaned): ours goes back on top; and
     # may configure Ray's loggers: they go back to the JSON lines.
     install_handlers()
-    setup_logging("learner", args.log_level)
+    setup_learner_logging(args.log_level, human, log_file)
     relay_worker_output()  # the trainers' output: JSON lines, not Ray's prefixed text
     try:
         learner = Learner(cfg, resume=args.resume, stop=stop)

@@ -45,12 +45,18 @@ from rlfleet.storage import (
 from rlfleet.storage.jsonl import append_json_line
 from rlfleet.v1 import rollout_pb2
 from rlfleet_learner.config import LearnerConfig
+from rlfleet_learner.console import eval_table, step_line
 from rlfleet_learner.cursor import SeedCursor
 from rlfleet_learner.evaluation import evaluate
 from rlfleet_learner.faults import BadRewards, FleetFailure, disk_failure
 from rlfleet_learner.feed import Group, GroupFeed
 from rlfleet_learner.publisher import AdapterPublisher
-from rlfleet_learner.reporting import WaitReport, replica_state, report_progress
+from rlfleet_learner.reporting import (
+    WaitReport,
+    replica_state,
+    report_progress,
+    start_line,
+)
 from rlfleet_learner.requests import sampling_seed, train_group
 from rlfleet_learner.samples import build_rows, segment_rows, trajectory_sample
 from rlfleet_learner.tensorboard import TensorBoardLog
@@ -137,6 +143,12 @@ class Learner:
                                           announce_retry_s=cfg.fleet.publish_retry_s)
         self.state = State(cursor=SeedCursor(cfg.data.size))
         checkpoint = self._find_checkpoint(resume)
+        # Said before the model loads (minutes on a big one): which attempt this is.
+        log.info(start_line(cfg.run, resume, checkpoint.step if checkpoint else None,
+                            checkpoint.path if checkpoint else None),
+                 extra={"run": cfg.run, "resume": resume,
+                        "resumed_step": checkpoint.step if checkpoint else None,
+                        "checkpoint": str(checkpoint.path) if checkpoint else None})
         model_dir = str(resolve_model_dir(cfg.model.profile, cfg.model.path))
         self.vision_ids = set(vision_token_ids(load_processor(model_dir)))
         self.trainers = TrainerGroup(cfg, model_dir)
@@ -292,15 +304,12 @@ class Learner:
         STEP_SECONDS.labels("eval").observe(seconds)
         doc = self._event("eval", step=self.state.step, version=self.state.version,
                           seconds=round(seconds, 2), **result)
-        line = "  ".join(f"{k} solve {100 * v['solve_rate']:.1f}%±{100 * v['solve_rate_se']:.1f}"
-                         f" pass@1 {100 * v['pass_at_1']:.1f}% turns {v['mean_turns']:.1f}"
-                         for k, v in result.items())
         report_progress("eval", {
             "step": self.state.step, "version": self.state.version,
             "seconds": round(seconds, 2),
             **{f"{name}_{k}": v for name, summary in result.items()
                for k, v in summary.items()}},
-            lambda: f"[eval step {self.state.step:>4}] {line}  ({seconds:.1f}s)")
+            lambda: eval_table(doc))
         return doc
 
     # -- the loop --------------------------------------------------------------------
@@ -475,15 +484,8 @@ class Learner:
         GRAD_NORM.set(doc["grad_norm"])
         for phase, seconds in phases.items():
             STEP_SECONDS.labels(phase).observe(seconds)
-        report_progress("step", {**doc, "steps": self.cfg.steps}, lambda: (
-            f"[step {self.state.step:>4}/{self.cfg.steps}] reward {doc['reward_mean']:.3f} "
-            f"solved {100 * doc['solve_rate_sampled']:.0f}% turns {doc['mean_turns']:.1f} "
-            f"signal {signal}/{len(trajectories)} (zero-var groups "
-            f"{batch.num_zero_variance_groups}, stale {batch.num_stale}) "
-            f"rows {len(rows)} (fwd {doc['forward_rows']}) "
-            f"loss {doc.get('loss_loss', 0):+.4f} | "
-            + " ".join(f"{phase} {seconds:.1f}s" for phase, seconds in phases.items())
-            + f" | {doc['signal_per_min']:.0f} signal traj/min"))
+        report_progress("step", {**doc, "steps": self.cfg.steps},
+                        lambda: step_line(doc, self.cfg.steps))
         return True
 
     def _calibrate(self, rows: list, trajectories: list, phases: dict[str, float]) -> dict:

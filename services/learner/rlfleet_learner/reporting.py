@@ -1,7 +1,7 @@
 """What the learner says while it works: each step's line, and what it waits for.
 
-A step's (or eval's) line is a JSON log line with its fields; on a terminal it is the
-human one-liner instead (`make run` shows progress, a pod's log stays pure JSON). A wait
+A step's (or eval's) line is a JSON log line with its fields; a person's console shows
+its human rendering instead (rlfleet_learner.console: a pod's log stays pure JSON). A wait
 (for replicas, for rollouts, for acknowledgements) that lasts is reported every
 `WAIT_REPORT_S` with what it waits for, never silence.
 """
@@ -9,12 +9,14 @@ human one-liner instead (`make run` shows progress, a pod's log stays pure JSON)
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from rlfleet_learner.console import CONSOLE_ATTR
 
 log = logging.getLogger("rlfleet_learner")
 
@@ -22,13 +24,21 @@ WAIT_REPORT_S = 10.0
 
 
 def report_progress(msg: str, fields: Mapping[str, Any], human: Callable[[], str]) -> None:
-    """`human()` printed on a terminal; otherwise `msg` logged with `fields` (only their
-    scalar values: lists and mappings stay in metrics.jsonl)."""
-    if sys.stderr.isatty():
-        print(human(), file=sys.stderr, flush=True)
-        return
+    """`msg` logged with `fields` (only their scalar values: lists and mappings stay in
+    metrics.jsonl), carrying `human` for a person's console (rlfleet_learner.console),
+    which shows `human()` instead; the JSON lines leave it out."""
     scalars = {k: v for k, v in fields.items() if isinstance(v, (int, float, str, bool))}
-    log.info(msg, extra=scalars)
+    log.info(msg, extra={**scalars, CONSOLE_ATTR: human})
+
+
+def start_line(run: str, resume: str, step: int | None, checkpoint: str | Path | None
+               ) -> str:
+    """The learner's first word on a run: resuming it (from which step and checkpoint,
+    what a deploy over an old run's directory does with --resume auto) or starting it."""
+    if step is not None:
+        return f"resuming run {run} from step {step} (checkpoint {checkpoint})"
+    how = "no checkpoint yet" if resume in ("auto", "latest") else f"--resume {resume}"
+    return f"starting run {run} from step 0 ({how})"
 
 
 class WaitReport:
