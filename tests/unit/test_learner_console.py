@@ -61,7 +61,13 @@ def records():
     old_level = root.level
     root.addHandler(handler)
     root.setLevel(logging.DEBUG)
+    # transformers, once imported (by another test of this process), stops its loggers'
+    # records at its own root; rlfleet.logs.setup_logging undoes that in a learner
+    library = logging.getLogger("transformers")
+    old_propagate = library.propagate
+    library.propagate = True
     yield handler.records
+    library.propagate = old_propagate
     root.removeHandler(handler)
     root.setLevel(old_level)
 
