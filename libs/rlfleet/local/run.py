@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from rlfleet import defaults
 from rlfleet.config import TOKEN_NAME, fleet_token
 from rlfleet.local.metrics import read_events
 from rlfleet.local.plots import learning_curve
@@ -164,8 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     model_cfg = cfg["model"]
     model_dir = resolve_model_dir(model_cfg.get("profile", "tiny"), model_cfg.get("path"),
-                                  os.environ.get("RLFLEET_CACHE",
-                                                 Path.home() / ".cache" / "rlfleet"))
+                                  defaults.cache_dir())
     model_cfg["path"] = str(model_dir)
     runs_root = args.runs_root.resolve()
     run_dir = runs_root / run

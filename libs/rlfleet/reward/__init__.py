@@ -257,7 +257,7 @@ def default_rewards(*, discover: bool = True) -> RewardRegistry:
     return registry
 
 
-def serve(reward: RewardFunction, *, port: int = 50061, host: str = "127.0.0.1",
+def serve(reward: RewardFunction, *, port: int = defaults.REWARD_PORT, host: str = "127.0.0.1",
           metrics_port: int | None = None, tasks: Any = None, block: bool = True,
           **settings: Any) -> Any:
     """Serves `reward` as an rlfleet reward service (see the module docstring).

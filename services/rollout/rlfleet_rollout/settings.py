@@ -24,7 +24,7 @@ class RolloutSettings(ServiceSettings):
     engine_args: dict[str, Any] = Field(default_factory=dict)
     profile: Literal[PROFILES] = "tiny"  # type: ignore[valid-type]  # one definition
     model: Path | None = None  # model directory; tiny: built into model_cache if unset
-    model_cache: Path = Path(os.environ.get("RLFLEET_CACHE", "~/.cache/rlfleet")).expanduser()
+    model_cache: Path = defaults.cache_dir()
     device: str = "cpu"
     torch_threads: int | None = Field(None, ge=1)
     env_address: str = defaults.local_address(defaults.ENV_PORT)
