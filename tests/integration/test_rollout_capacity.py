@@ -25,13 +25,14 @@ from rlfleet.clients.rollout_pool import (
     RolloutPool,
 )
 from rlfleet.fleet import ReplicaDirectory, ReplicaInfo, connect
+from rlfleet.fleet.replicas import admits
 from rlfleet.rpc import RpcClient
 from rlfleet.rpc.server import GrpcServer, ServerConfig
 from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from rlfleet_rollout.adapters import LiveAdapter
 from rlfleet_rollout.idempotency import GroupCache
 from rlfleet_rollout.registration import Heartbeat
-from rlfleet_rollout.servicer import RolloutServicer, admits
+from rlfleet_rollout.servicer import RolloutServicer
 
 RUN = "cap"
 SERVICE = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name

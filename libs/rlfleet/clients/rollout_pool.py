@@ -6,8 +6,9 @@ Capacity. Every replica advertises what it admits at once (`max_groups` groups a
 `max_episodes` episodes, in its registry heartbeat; for static addresses from GetStatus,
 else a conservative default). The pool counts the groups and episodes it has in flight on
 each replica and sends a group only where it fits by the replica's own admission rule
-(fewer than max_groups groups, episodes + group_size <= max_episodes; an idle replica
-takes any one group, so a group larger than max_episodes is never starved). When no live
+(`rlfleet.fleet.replicas.admits`: fewer than max_groups groups, episodes + group_size <=
+max_episodes; an idle replica takes any one group, so a group larger than max_episodes is
+never starved). When no live
 replica has room, the group WAITS (a condition variable woken when any of the pool's
 groups finishes or the replica list changes; the registry is re-read every
 `registry_refresh_s` while waiting). Waiting groups are served first come, first served;
@@ -60,6 +61,7 @@ from rlfleet.fleet import (
     verify_credentials,
 )
 from rlfleet.fleet.connection import credentials_error
+from rlfleet.fleet.replicas import admits
 from rlfleet.rpc.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -117,14 +119,6 @@ class NoReplicas(RuntimeError):
 
 class InsufficientCapacity(RuntimeError):
     """The live replicas cannot hold what a recipe keeps in flight."""
-
-
-def fits(groups: int, episodes: int, group_size: int, capacity: Capacity) -> bool:
-    """The replica's admission rule (rlfleet_rollout.servicer.admits), applied to what this
-    pool has in flight there."""
-    if groups == 0:
-        return True
-    return groups < capacity.groups and episodes + group_size <= capacity.episodes
 
 
 def groups_that_fit(group_size: int, capacity: Capacity) -> int:
@@ -430,7 +424,8 @@ class RolloutPool:
             if r.address in self._suspect or self._avoid_until.get(r.address, 0.0) > now:
                 continue
             sent = self._sent.get(r.address, _Sent())
-            if not fits(sent.groups, sent.episodes, size, r.capacity):
+            if not admits(sent.groups, sent.episodes, size, r.capacity.groups,
+                          r.capacity.episodes):
                 continue
             used = max((sent.groups + 1) / r.max_groups, (sent.episodes + size) / r.max_episodes)
             rank = (r.address in failed, used, max(r.load, sent.episodes), random.random())

@@ -70,6 +70,17 @@ class ReplicaInfo:
 _FIELDS = frozenset(f.name for f in fields(ReplicaInfo))
 
 
+def admits(groups: int, episodes: int, group_size: int, max_groups: int,
+           max_episodes: int) -> bool:
+    """The admission rule of a replica that plays `groups` groups of `episodes` episodes in
+    all: both limits hold after admitting a group of `group_size`; an idle replica admits
+    any one group, so a group larger than max_episodes is never starved. The replica
+    applies it to what it plays, the learner's pool to what it has sent there."""
+    if groups == 0:
+        return True
+    return groups < max_groups and episodes + group_size <= max_episodes
+
+
 class ReplicaDirectory:
     """`key`: the fleet's signing key (None: auth is off, nothing is signed or checked)."""
 
