@@ -3,7 +3,7 @@ heartbeating disappears by itself.
 
 A heartbeat carries the replica's load and its capacity (`max_groups`, `max_episodes`:
 what it admits at once, 0 = not advertised by an older replica). Readers ignore fields
-they do not know, so replicas and learners of different versions share one registry.
+they do not know, so replicas and learners of different versions share one fleet store.
 
 Identity: with the fleet's signing key (derived from the shared token, see
 `rlfleet.fleet.identity`) heartbeats are signed, and readers list only those that
@@ -11,9 +11,9 @@ verify: a key written into Redis by anyone else (an attacker's address, a copied
 heartbeat edited to another address or version, an old one replayed) is not a replica.
 
 A full Redis (maxmemory with noeviction refuses every write that may grow memory) must
-not empty the registry: a heartbeat overwrites one small key in place, so it is written
+not empty the fleet store: a heartbeat overwrites one small key in place, so it is written
 by a script that may run while Redis is out of memory (Redis >= 7 `allow-oom`); the
-replicas stay listed while the rest of the registry refuses writes.
+replicas stay listed while the rest of the fleet store refuses writes.
 """
 
 from __future__ import annotations

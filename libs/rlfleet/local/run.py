@@ -23,7 +23,7 @@ import yaml
 
 from rlfleet import defaults
 from rlfleet.config import TOKEN_NAME, fleet_token
-from rlfleet.local.metrics import read_events
+from rlfleet.local.metrics_jsonl import read_events
 from rlfleet.local.plots import learning_curve
 from rlfleet.local.stack import start_stack
 from rlfleet.policy.profiles import resolve_model_dir

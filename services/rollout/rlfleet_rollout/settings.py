@@ -29,7 +29,7 @@ class RolloutSettings(ServiceSettings):
     torch_threads: int | None = Field(None, ge=1)
     env_address: str = defaults.local_address(defaults.ENV_PORT)
     reward_address: str = ""  # "" = the env address (one env/reward process)
-    redis_url: str = ""  # "" = no registry: no heartbeats, no hot-load events
+    redis_url: str = ""  # "" = no fleet store: no heartbeats, no hot-load events
     sync_address: str = ""  # ckpt-sync, for acknowledgements; "" = none
     runs_root: Path = defaults.RUNS_ROOT
     run: str = "default"
