@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from bench.common import RESULTS, write_results
-from rlfleet.local.metrics import read_events
+from rlfleet.local.metrics_jsonl import read_events
 from rlfleet.local.procs import ProcessGroup
 from rlfleet.local.stack import start_stack
 

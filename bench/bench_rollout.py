@@ -14,6 +14,7 @@ from pathlib import Path
 
 from bench.common import RESULTS, write_results
 from rlfleet.clients.rollout_pool import RolloutPool
+from rlfleet.defaults import cache_dir
 from rlfleet.engines.base import GenerationRequest, SamplingConfig
 from rlfleet.local.procs import ProcessGroup
 from rlfleet.local.stack import start_stack
@@ -21,7 +22,7 @@ from rlfleet.maze.tasks import new_episode
 from rlfleet.policy import ChatCodec, ensure_tiny_model
 from rlfleet.v1 import common_pb2, rollout_pb2
 
-CACHE = Path(os.environ.get("RLFLEET_CACHE", Path.home() / ".cache" / "rlfleet"))
+CACHE = cache_dir()
 
 
 def prompt(codec: ChatCodec, seed: int) -> GenerationRequest:

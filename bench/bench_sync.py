@@ -61,6 +61,7 @@ from typing import Any
 from bench.common import RESULTS, print_table, write_results
 from bench.sync_floor import Readers
 from rlfleet.clients.sync import SyncClient
+from rlfleet.defaults import cache_dir
 from rlfleet.local.procs import ProcessGroup
 from rlfleet.local.stack import start_stack
 from rlfleet.policy import ensure_tiny_model, load_policy
@@ -69,7 +70,7 @@ from rlfleet.storage import RunsRoot
 from rlfleet.storage.atomic import fsync_file, write_file
 from rlfleet_learner.publisher import AdapterPublisher
 
-CACHE = Path(os.environ.get("RLFLEET_CACHE", Path.home() / ".cache" / "rlfleet"))
+CACHE = cache_dir()
 BIG_RANK = 11_856  # 14,336 bytes per rank on the tiny model -> ~170 MB
 REPEATS = 3
 SETTLE_S = 3.0

@@ -111,10 +111,10 @@ def start_ckptsync(procs: ProcessGroup, tmp_path: Path) -> Callable[..., Proc]:
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The tiny Qwen3-VL base, built once per machine into the cache."""
+    from rlfleet.defaults import cache_dir
     from rlfleet.policy import ensure_tiny_model
 
-    cache = Path(os.environ.get("RLFLEET_CACHE", Path.home() / ".cache" / "rlfleet"))
-    return ensure_tiny_model(cache)
+    return ensure_tiny_model(cache_dir())
 
 
 @pytest.fixture

@@ -20,12 +20,20 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_settings import EnvSettingsSource
 from pydantic_settings.exceptions import SettingsError
 
 T = TypeVar("T", bound=BaseModel)
 ENV_PREFIX = "RLFLEET_"
+
+
+class ClosedModel(BaseModel):
+    """The base of every configuration and record model: unknown keys are refused, so a
+    misspelt field is an error, never silently ignored. A subclass adds to the config
+    (``frozen``, ``strict``) and keeps this."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class ConfigError(ValueError):

@@ -1,4 +1,5 @@
-"""Defaults every process agrees on, defined once: the services' ports and the runs root.
+"""Defaults every process agrees on, defined once: the services' ports, the runs root and
+the local cache.
 
 The services' settings, the learner's config and the CLI take them from here; the Helm
 chart's templates take the same numbers from its `_helpers.tpl` (`rlfleet.port.*`), and
@@ -7,10 +8,18 @@ tests/unit/test_defaults.py checks that the two agree.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 # Where runs live: adapters, checkpoints, evals (the shared volume's runs folder).
 RUNS_ROOT = Path("/shared/runs")
+
+
+def cache_dir() -> Path:
+    """This machine's cache of slow one-time builds (the tiny model, the vllm venv, the
+    images): ``$RLFLEET_CACHE``, or ``~/.cache/rlfleet``."""
+    return Path(os.environ.get("RLFLEET_CACHE", Path.home() / ".cache" / "rlfleet")).expanduser()
+
 
 # gRPC. Env and reward services share a port: a pod runs one of them, and a reward
 # service swapped in for another keeps the address replicas dial.

@@ -51,10 +51,6 @@ class RegistryError(ValueError):
     load or is of the wrong kind."""
 
 
-# Plugins' errors are registry errors; the name the task and reward APIs export.
-PluginError = RegistryError
-
-
 @dataclass(frozen=True)
 class Source:
     """Where a named object comes from: rlfleet itself, code, or an installed entry point."""

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from rlfleet.cliargs import add_common_args, assignments
-from rlfleet.config import ConfigError, fleet_token, load_config
+from rlfleet.config import ClosedModel, ConfigError, fleet_token, load_config
 from rlfleet.logs import setup_logging
 from rlfleet.rpc.server import GrpcServer, ServerConfig, TlsConfig, unbindable
 
@@ -27,10 +27,8 @@ S = TypeVar("S", bound="ServiceSettings")
 log = logging.getLogger(__name__)
 
 
-class ServiceSettings(BaseModel):
+class ServiceSettings(ClosedModel):
     """Settings every service has; a service subclass sets its own default ports."""
-
-    model_config = ConfigDict(extra="forbid")
 
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlfleet.local.metrics import read_events
+from rlfleet.local.metrics_jsonl import read_events
 from rlfleet.local.stack import LocalStack, start_stack
 from rlfleet.maze.tasks import train_seeds
 from rlfleet.storage import RunsRoot, latest_complete_checkpoint, list_versions, load_checkpoint

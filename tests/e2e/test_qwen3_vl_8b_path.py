@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from rlfleet.engines.vllm import default_venv_python
-from rlfleet.local.metrics import read_events
+from rlfleet.local.metrics_jsonl import read_events
 from rlfleet.local.stack import start_stack
 from rlfleet.rpc import RpcClient
 from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rlfleet.local.metrics import read_events
+from rlfleet.local.metrics_jsonl import read_events
 from rlfleet.local.stack import LocalStack, start_stack
 from tests.factories import NO_EVAL, REPO, SFT, learner_config
 

@@ -225,20 +225,20 @@ def test_wait_for_replicas_wakes_on_acknowledgements(fleet) -> None:
 
 
 def test_ack_waiter_and_one_script_publish(redis_url: str) -> None:
-    registry = AdapterDirectory(connect(redis_url))
-    events = registry.events(RUN, poll_s=0.1)
+    store = AdapterDirectory(connect(redis_url))
+    events = store.events(RUN, poll_s=0.1)
     next(events)  # subscribed
-    with registry.ack_waiter(RUN) as acks:
+    with store.ack_waiter(RUN) as acks:
         assert acks.wait(0.05) is False  # nothing acknowledged yet
-        registry.acknowledge(RUN, 1, "r1")
+        store.acknowledge(RUN, 1, "r1")
         assert acks.wait(30) is True
-        assert set(registry.acks(RUN, 1)) == {"r1"}
+        assert set(store.acks(RUN, 1)) == {"r1"}
     two = AdapterRecord(run=RUN, version=2, path=f"{RUN}/adapters/v000002", sha256="a" * 64)
     one = AdapterRecord(run=RUN, version=1, path=f"{RUN}/adapters/v000001", sha256="b" * 64)
-    assert registry.publish(two) is True
-    assert registry.publish(one) is False  # older: recorded in the history, not latest
-    assert registry.latest(RUN).version == 2
-    assert sorted(r.version for r in registry.history(RUN)) == [1, 2]
+    assert store.publish(two) is True
+    assert store.publish(one) is False  # older: recorded in the history, not latest
+    assert store.latest(RUN).version == 2
+    assert sorted(r.version for r in store.history(RUN)) == [1, 2]
     got = [e for e in (next(events) for _ in range(20)) if e is not None]
     assert [e.version for e in got] == [2]  # only the newer one was announced
 

@@ -303,7 +303,7 @@ def test_clear_one_line_errors(head: Head, tmp_path: Path, token_file: Path) -> 
 
 def test_a_submitted_learner_trains_against_a_fleet_that_requires_the_token(
         head: Head, tmp_path: Path, token_file: Path, procs) -> None:  # noqa: ANN001
-    from rlfleet.local.metrics import read_events
+    from rlfleet.local.metrics_jsonl import read_events
     from rlfleet.local.stack import start_stack
     from tests.factories import NO_EVAL, learner_config
 

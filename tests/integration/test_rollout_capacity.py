@@ -25,13 +25,14 @@ from rlfleet.clients.rollout_pool import (
     RolloutPool,
 )
 from rlfleet.fleet import ReplicaDirectory, ReplicaInfo, connect
+from rlfleet.fleet.replicas import admits
 from rlfleet.rpc import RpcClient
 from rlfleet.rpc.server import GrpcServer, ServerConfig
 from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from rlfleet_rollout.adapters import LiveAdapter
 from rlfleet_rollout.idempotency import GroupCache
 from rlfleet_rollout.registration import Heartbeat
-from rlfleet_rollout.servicer import RolloutServicer, admits
+from rlfleet_rollout.servicer import RolloutServicer
 
 RUN = "cap"
 SERVICE = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
@@ -114,7 +115,7 @@ class FakeReplica:
         return self.server.address
 
     def kill(self) -> None:
-        """Dies: streams cut, heartbeats stop, its registry entry lingers until the TTL."""
+        """Dies: streams cut, heartbeats stop, its fleet store entry lingers until the TTL."""
         if self.heartbeat is not None:
             self.heartbeat._stop.set()  # noqa: SLF001 - no clean removal: a crash
         self.server.stop(0)
@@ -301,7 +302,7 @@ def test_a_shared_full_replica_is_backed_off_and_retried_quietly(replicas, redis
 def test_waiting_groups_start_on_a_replica_that_joins(replicas, redis_url: str) -> None:
     a = replicas("a", max_groups=1, max_episodes=1, redis_url=redis_url, episode_s=0.2)
     pool = RolloutPool(redis_url=redis_url, run=RUN, stream_timeout_s=60,
-                       registry_refresh_s=0.2)
+                       fleet_refresh_s=0.2)
     refused, retried = refusals(), retries()
     requests = [group(1) for _ in range(30)]
     results: list = []
@@ -364,7 +365,7 @@ def test_capacity_check_fails_fast_with_a_clear_message(replicas, redis_url: str
     pool.close()
 
 
-def test_registry_heartbeat_carries_capacity(replicas, redis_url: str) -> None:
+def test_fleet_heartbeat_carries_capacity(replicas, redis_url: str) -> None:
     replicas("a", max_groups=3, max_episodes=7, redis_url=redis_url)
     (info,) = ReplicaDirectory(connect(redis_url)).live()
     assert (info.max_groups, info.max_episodes) == (3, 7)

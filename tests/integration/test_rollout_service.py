@@ -241,12 +241,12 @@ def test_replica_killed_mid_request_loses_nothing(env, start_rollout, redis_url:
     b = start_rollout(env.address, name="rb", redis_url=redis_url)
     pool = RolloutPool(redis_url=redis_url, run="test", stream_timeout_s=300)
     requests = [group(seed=1_000_100 + i, g=3, turns=8) for i in range(4)]
-    registry = ReplicaDirectory(connect(redis_url))
+    store = ReplicaDirectory(connect(redis_url))
 
     def kill_when_busy() -> None:  # SIGKILL replica "ra" while it plays a group
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if any(r.replica_id == "ra" and r.active_groups for r in registry.live()):
+            if any(r.replica_id == "ra" and r.active_groups for r in store.live()):
                 procs.kill(a)
                 return
             time.sleep(0.05)

@@ -161,7 +161,7 @@ class Fleet:
         return self.sync
 
     def start_replicas(self, names: Iterable[str], *extra: str, env_address: str = "",
-                       env: dict[str, str] | None = None, registry: bool = True,
+                       env: dict[str, str] | None = None, fleet_store: bool = True,
                        env_addresses: dict[str, str] | None = None,
                        timeout_s: float = 240.0, tls: dict | None = None,
                        wait: bool = True) -> list[Proc]:
@@ -178,7 +178,7 @@ class Fleet:
                 (env_addresses or {}).get(name) or env_address or self.env.address,
                 "--run", self.run, "--replica-id", name, "--runs-root", str(self.root.root),
                 "--heartbeat-s", "0.5", "--heartbeat-ttl-s", "3",
-                *(["--redis-url", self.redis_url] if registry and self.redis_url else []),
+                *(["--redis-url", self.redis_url] if fleet_store and self.redis_url else []),
                 *(["--sync-address", self.sync.address] if self.sync else []), *extra)
             proc = self.procs.start(name, argv, env=env, address=f"127.0.0.1:{port}")
             proc.extra["metrics_port"] = metrics

@@ -25,7 +25,7 @@ from tests.reliability.conftest import (
 @pytest.mark.slow
 def test_env_restarted_mid_group_groups_retried_exactly_once(fleet: Fleet) -> None:
     env = fleet.start_env()
-    ra, rb = fleet.start_replicas(["ra", "rb"], registry=False)
+    ra, rb = fleet.start_replicas(["ra", "rb"], fleet_store=False)
     pool = RolloutPool(addresses=[ra.address, rb.address], run=fleet.run,
                        stream_timeout_s=120)
     retries_before = metric_total("rlfleet_pool_group_retries")

@@ -130,7 +130,7 @@ def target(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> It
         fleet.start_env()
         fleet.start_sync()
         fleet.start_replicas(["rz"], "--adapter-wait-s", "0.1", "--max-groups", "4",
-                             registry=False)
+                             fleet_store=False)
         t = Target(fleet)
         yield t
         for channel in t.channels.values():
@@ -444,7 +444,7 @@ def test_publish_refuses_paths_outside_the_runs_root(target: Target, tmp_path: P
         code, latest = target.call("SyncService/GetLatest", sync_pb2.GetLatestRequest(run=RUN))
         assert code != SC.OK or latest.version < 7
         # a run whose adapters dir points outside must not stop ckpt-sync rebuilding the
-        # others: drop the registry's record of RUN and see it re-announced from /shared
+        # others: drop the fleet store's record of RUN and see it re-announced from /shared
         publish_adapter_dir(outside, "esc2", 1, adapter_files(1), base_model="tiny", step=1)
         (root.root / "esc2").mkdir()
         os.symlink(outside.adapters_root("esc2"), root.root / "esc2" / "adapters")

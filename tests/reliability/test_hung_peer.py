@@ -6,7 +6,7 @@
 - A hung rollout replica mid-stream (static addresses: no heartbeat to expire): the pool's
   per-message idle timeout fires (no trajectory for `idle_timeout_s`; the stream deadline
   stays at its 1800 s default) and the group is re-sent to the other replica; every index
-  arrives exactly once. With a registry, the heartbeat's expiry moves the groups sooner
+  arrives exactly once. With a fleet store, the heartbeat's expiry moves the groups sooner
   (test_hung_replica.py).
 """
 
@@ -51,7 +51,7 @@ def test_hung_env_and_hung_replica_deadlines_fire_and_work_moves(fleet: Fleet) -
     env_a = fleet.start_env("env-a")
     env_b = fleet.start_env("env-b")
     timeout = {"RLFLEET_ENV_TIMEOUT_S": str(ENV_TIMEOUT_S)}
-    ra, rb = fleet.start_replicas(["ra", "rb"], env=timeout, registry=False, env_addresses={
+    ra, rb = fleet.start_replicas(["ra", "rb"], env=timeout, fleet_store=False, env_addresses={
         "ra": env_a.address or "", "rb": env_b.address or ""})
     retries_before = metric_total("rlfleet_pool_group_retries")
 

@@ -40,7 +40,7 @@ def test_stopped_replica_loses_its_groups_when_its_heartbeat_expires(fleet: Flee
     # heartbeat's expiry can move the groups within this test's time
     pool = RolloutPool(redis_url=fleet.redis_url, run=fleet.run)
     assert (pool.stream_timeout_s, pool.idle_timeout_s) == (1800.0, 600.0)
-    registry = ReplicaDirectory(connect(fleet.redis_url))
+    store = ReplicaDirectory(connect(fleet.redis_url))
     requests = [group(seed=1_001_100 + i, g=2, turns=4) for i in range(6)]
     results: list = []
     errors: list = []
@@ -60,7 +60,7 @@ def test_stopped_replica_loses_its_groups_when_its_heartbeat_expires(fleet: Flee
     stopped_at = time.monotonic()
     try:
         wait_until("rb's heartbeat to expire",
-                   lambda: "rb" not in {r.replica_id for r in registry.live()},
+                   lambda: "rb" not in {r.replica_id for r in store.live()},
                    timeout_s=60, period_s=0.05)
         expired_s = time.monotonic() - stopped_at
         wait_until("the watchdog to cancel rb's streams",
@@ -81,7 +81,7 @@ def test_stopped_replica_loses_its_groups_when_its_heartbeat_expires(fleet: Flee
     assert "ra" in played_by
 
     # SIGCONT: rb heartbeats again and gets groups again
-    wait_until("rb re-registered", lambda: "rb" in {r.replica_id for r in registry.live()},
+    wait_until("rb re-registered", lambda: "rb" in {r.replica_id for r in store.live()},
                timeout_s=60)
     again = [group(seed=1_001_120 + i, g=2, turns=2) for i in range(2)]
     later = RolloutPool(addresses=[rb.address or ""], run=fleet.run)

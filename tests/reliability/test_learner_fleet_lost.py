@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rlfleet.local.metrics import lineage_steps, read_events
+from rlfleet.local.metrics_jsonl import lineage_steps, read_events
 from rlfleet.local.stack import LocalStack, start_stack
 from rlfleet.storage import RunsRoot, list_checkpoints
 from tests import factories

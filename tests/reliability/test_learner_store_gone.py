@@ -4,7 +4,7 @@ trained steps checkpointed; with Redis back (empty) the deployed command resumes
 
 The learner is a real process under local Ray (sync mode, checkpoint every step) on the
 real local stack; Redis is SIGKILLed after the step 1 checkpoint. Meanwhile the pool
-plays the next step's groups on the replicas it last knew (the registry is a hint), so
+plays the next step's groups on the replicas it last knew (the fleet store is a hint), so
 the step is trained; its publish cannot be recorded.
 """
 
@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from rlfleet.local.metrics import lineage_steps, read_events
+from rlfleet.local.metrics_jsonl import lineage_steps, read_events
 from rlfleet.local.redis import start_redis
 from rlfleet.local.stack import LocalStack, start_stack
 from rlfleet.storage import RunsRoot, list_checkpoints

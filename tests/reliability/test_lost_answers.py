@@ -83,7 +83,7 @@ def test_episodes_whose_open_answer_was_lost_are_closed(fleet: Fleet) -> None:
     env = fleet.start_env("env")
     port = env.extra["metrics_port"]
     with proxy_to(env) as proxy:
-        (replica,) = fleet.start_replicas(["r1"], env_address=proxy.address, registry=False,
+        (replica,) = fleet.start_replicas(["r1"], env_address=proxy.address, fleet_store=False,
                                           env={"RLFLEET_ENV_TIMEOUT_S": "2"})
         code, got, details = stream_code(replica.address or "", group(seed=1_000_900, g=2))
         assert code == grpc.StatusCode.OK and len(got) == 2, details

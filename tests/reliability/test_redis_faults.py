@@ -6,7 +6,7 @@
   is announced and served; replicas stay registered throughout (their heartbeat replaces
   one small key and may run while Redis is out of memory) and groups keep completing.
 - 12: a wrong REDIS_PASSWORD on the learner side: one clear error naming the refused
-  credentials, exit code 2, no "registry unreachable" warnings, no traceback.
+  credentials, exit code 2, no "fleet store unreachable" warnings, no traceback.
 - 13: a replica started while Redis is down serves NOT_SERVING (it does not exit), and
   registers and turns SERVING when Redis comes back.
 """
@@ -69,7 +69,7 @@ def test_redis_full_publish_is_retried_and_replicas_stay(fleet: Fleet, caplog) -
     fleet.publish(1)
     fleet.wait_replicas(1, 2)
     redis = connect(fleet.redis_url)
-    registry = ReplicaDirectory(redis)
+    store = ReplicaDirectory(redis)
     pool = RolloutPool(redis_url=fleet.redis_url, run=fleet.run)
     requests = [group(seed=1_001_500 + i, g=2, turns=4, min_version=1) for i in range(6)]
     results: list = []
@@ -83,10 +83,10 @@ def test_redis_full_publish_is_retried_and_replicas_stay(fleet: Fleet, caplog) -
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    def watch() -> None:  # who the registry lists, every 100 ms while Redis is full
+    def watch() -> None:  # who the fleet store lists, every 100 ms while Redis is full
         while not stop.wait(0.1):
             try:
-                seen.append({r.replica_id for r in registry.live()})
+                seen.append({r.replica_id for r in store.live()})
             except redis_lib.RedisError:
                 seen.append(set())
 
@@ -174,7 +174,7 @@ def test_wrong_redis_password_on_the_learner_fails_once_and_clearly(fleet: Fleet
     assert proc.returncode == 2, out
     assert out.count("Redis refused the credentials") == 1, out
     assert "REDIS_PASSWORD" in out
-    assert "registry unreachable" not in out and "no live rollout replica" not in out
+    assert "fleet store unreachable" not in out and "no live rollout replica" not in out
     assert "Traceback" not in out, out
     assert password not in out and password[::-1] not in out
     print("wrong REDIS_PASSWORD on the learner: exit 2 with 1 error line "
@@ -197,8 +197,8 @@ def test_replica_started_while_redis_is_down_registers_when_it_returns(fleet: Fl
 
     fleet.start_redis()  # Redis comes back, on the address the replica was given
     wait_until("rc SERVING", lambda: check(rc.address or "") == "SERVING", timeout_s=120)
-    registry = ReplicaDirectory(connect(fleet.redis_url))
-    wait_until("rc registered", lambda: [r.replica_id for r in registry.live()] == ["rc"],
+    store = ReplicaDirectory(connect(fleet.redis_url))
+    wait_until("rc registered", lambda: [r.replica_id for r in store.live()] == ["rc"],
                timeout_s=30)
     pool = RolloutPool(redis_url=fleet.redis_url, run=fleet.run)
     requests = [group(seed=1_001_600 + i) for i in range(2)]

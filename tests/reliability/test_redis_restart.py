@@ -33,7 +33,7 @@ class VersionWatch:
         self.seen: dict[str, list[int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._registry = AdapterDirectory(connect(fleet.redis_url))
+        self._store = AdapterDirectory(connect(fleet.redis_url))
 
     def _loop(self) -> None:
         while not self._stop.wait(0.1):
@@ -44,7 +44,7 @@ class VersionWatch:
                 except grpc.RpcError:
                     pass
             try:
-                latest = self._registry.latest(self.fleet.run)
+                latest = self._store.latest(self.fleet.run)
             except Exception:  # noqa: BLE001 - Redis is down on purpose
                 continue
             if latest is not None:

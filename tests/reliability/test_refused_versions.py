@@ -54,7 +54,7 @@ def test_a_refused_version_is_retried_when_it_verifies_within_a_bound(fleet: Fle
     fleet.start_sync()
     fleet.start_env()
     fleet.start_replicas(["ra", "rb"])
-    registry = AdapterDirectory(connect(fleet.redis_url))
+    store = AdapterDirectory(connect(fleet.redis_url))
     fleet.publish(1)
     assert sorted(fleet.wait_replicas(1, 2)) == ["ra", "rb"]
 
@@ -64,7 +64,7 @@ def test_a_refused_version_is_retried_when_it_verifies_within_a_bound(fleet: Fle
 
     # 1. refused by both, and WaitForReplicas says so
     record, original = corrupt(fleet, 2)
-    assert registry.publish(record)
+    assert store.publish(record)
     def both_refused(version: int, attempts: int) -> str | None:
         details = wait_error(fleet, version)
         return details if all(f"replica {r} refused version {version} ({attempts} attempts)"
@@ -86,9 +86,9 @@ def test_a_refused_version_is_retried_when_it_verifies_within_a_bound(fleet: Fle
 
     # 3. corrupt for good, announced 5 times: at most 3 attempts per replica
     record, _ = corrupt(fleet, 3)
-    assert registry.publish(record)
+    assert store.publish(record)
     for _ in range(4):
-        registry.announce_again(record)
+        store.announce_again(record)
     wait_until("3 attempts by each replica", lambda: both_refused(3, 3), timeout_s=60)
     fleet.publish(4)  # events are handled in order: after this, every v3 one was seen
     assert sorted(fleet.wait_replicas(4, 2)) == ["ra", "rb"]

@@ -116,7 +116,7 @@ def test_a_broken_reward_is_refused_once_with_its_reason(fleet: Fleet, tmp_path:
     # through a replica and the pool: INVALID_ARGUMENT with the reason, never re-sent
     fleet.start_env("env")
     (replica,) = fleet.start_replicas(["r1"], "--reward-address", judge.address or "",
-                                      registry=False)
+                                      fleet_store=False)
     pool = RolloutPool(addresses=[replica.address], run=fleet.run, stream_timeout_s=120)
     try:
         for code in (1, 5):
@@ -141,7 +141,7 @@ def test_the_learner_refuses_rewards_that_overflow_advantages(fleet: Fleet, tmp_
     judge = start_judge(fleet, tmp_path, "judge-wide", wide=True)
     fleet.start_env("env")
     (replica,) = fleet.start_replicas(["r1"], "--reward-address", judge.address or "",
-                                      registry=False)
+                                      fleet_store=False)
     pool = RolloutPool(addresses=[replica.address], run=fleet.run, stream_timeout_s=120)
     try:
         request = group(seed=1_000_206, g=2, turns=1)

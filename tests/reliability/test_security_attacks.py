@@ -234,7 +234,7 @@ def test_empty_or_missing_token_refuses_to_start(fleet: Fleet, tmp_path: Path) -
           "refused with a clear message; --insecure-no-auth starts")
 
 
-# -- 9: forged registry entries ----------------------------------------------------------
+# -- 9: forged fleet store entries -------------------------------------------------------
 
 
 class Attacker(rollout_pb2_grpc.RolloutServiceServicer):

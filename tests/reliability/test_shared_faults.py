@@ -183,7 +183,7 @@ def test_corrupted_and_escaping_adapters_refused_by_every_replica(sfleet: Fleet,
         fleet.publish(1)
         good = 1
     fleet.wait_replicas(good, 2)
-    registry = AdapterDirectory(connect(fleet.redis_url))
+    store = AdapterDirectory(connect(fleet.redis_url))
     refused_before = {n: metric_value(p.extra["metrics_port"],
                                       "rlfleet_rollout_adapter_loads_total", 'outcome="refused"')
                       for n, p in fleet.replicas.items()}
@@ -226,7 +226,7 @@ def test_corrupted_and_escaping_adapters_refused_by_every_replica(sfleet: Fleet,
     ]
     try:
         for record in records:
-            assert registry.publish(record)
+            assert store.publish(record)
             wait_until(f"both replicas refused v{record.version}", lambda r=record: all(
                 f'"version": {r.version}' in p.log_path.read_text() and
                 "adapter refused" in p.log_path.read_text() for p in fleet.replicas.values()),

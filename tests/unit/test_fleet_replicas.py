@@ -1,5 +1,5 @@
-"""The replica registry in a real Redis: heartbeats carry capacity, and readers tolerate
-fields they do not know (replicas and learners of different versions share a registry)."""
+"""The replicas in the fleet store, a real Redis: heartbeats carry capacity, and readers tolerate
+fields they do not know (replicas and learners of different versions share a fleet store)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from rlfleet.fleet import ReplicaDirectory, ReplicaInfo, connect, keys
 
 
 def test_heartbeat_round_trips_capacity(redis_url: str) -> None:
-    registry = ReplicaDirectory(connect(redis_url))
-    registry.heartbeat(ReplicaInfo("r1", "127.0.0.1:1", run="x", active_groups=1,
+    store = ReplicaDirectory(connect(redis_url))
+    store.heartbeat(ReplicaInfo("r1", "127.0.0.1:1", run="x", active_groups=1,
                                    active_episodes=4, max_groups=3, max_episodes=12), ttl_s=30)
-    registry.heartbeat(ReplicaInfo("r2", "127.0.0.1:2", run="x"), ttl_s=30)  # not advertised
-    live = {r.replica_id: r for r in registry.live()}
+    store.heartbeat(ReplicaInfo("r2", "127.0.0.1:2", run="x"), ttl_s=30)  # not advertised
+    live = {r.replica_id: r for r in store.live()}
     assert (live["r1"].max_groups, live["r1"].max_episodes) == (3, 12)
     assert (live["r2"].max_groups, live["r2"].max_episodes) == (0, 0)
 

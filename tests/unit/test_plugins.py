@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlfleet.registries import PluginError
+from rlfleet.registries import RegistryError
 from rlfleet.reward import (
     Episode,
     RewardFunction,
@@ -69,19 +69,19 @@ def test_a_plugin_reward_is_found_and_scores_any_task(plugins) -> None:
 
 def test_duplicate_names_are_refused_never_overwritten(plugins, monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(PLUGINS / "duplicates"))
-    with pytest.raises(PluginError) as err:
+    with pytest.raises(RegistryError) as err:
         default_tasks()
     message = str(err.value)
     assert "task 'countdown' is defined twice" in message
     assert "rlfleet-test-plugins 0.1.0" in message and "rlfleet-test-duplicates 0.1.0" in message
-    with pytest.raises(PluginError, match=r"reward 'task' is defined twice: by rlfleet \(built "
+    with pytest.raises(RegistryError, match=r"reward 'task' is defined twice: by rlfleet \(built "
                                           r"in\) and by entry point 'task'"):
         default_rewards()
 
 
 def test_a_builtin_name_cannot_be_taken_in_code() -> None:
     tasks = default_tasks(discover=False)
-    with pytest.raises(PluginError, match="'maze_2d' is defined twice"):
+    with pytest.raises(RegistryError, match="'maze_2d' is defined twice"):
         tasks.add(tasks.get("maze_2d"))
 
 
@@ -95,11 +95,11 @@ def test_entry_points_that_cannot_be_used_say_why(plugins) -> None:
         _ep("missing", "no_such_module_anywhere:Task"),
         _ep("wrong-kind", "rlfleet_test_plugins:turn_count"),
     ])
-    with pytest.raises(PluginError, match="calls itself 'countdown'"):
+    with pytest.raises(RegistryError, match="calls itself 'countdown'"):
         registry.get("renamed")
-    with pytest.raises(PluginError, match="failed to load: ModuleNotFoundError"):
+    with pytest.raises(RegistryError, match="failed to load: ModuleNotFoundError"):
         registry.get("missing")
-    with pytest.raises(PluginError, match="is a _FunctionReward, not a task"):
+    with pytest.raises(RegistryError, match="is a _FunctionReward, not a task"):
         registry.get("wrong-kind")
     with pytest.raises(NotFound, match="unknown task 'nope'"):
         registry.get("nope")
@@ -159,5 +159,5 @@ def test_a_reward_declares_its_range() -> None:
     def bad(episode: Episode) -> Score:
         return Score(0.0)
 
-    with pytest.raises(PluginError, match="reward_range"):
+    with pytest.raises(RegistryError, match="reward_range"):
         RewardRegistry().add(bad)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlfleet.policy import load_policy
-from rlfleet.policy.loading import CheckpointError, check_checkpoint, checkpoint_problems
+from rlfleet.policy.loading import ModelLoadError, check_checkpoint, checkpoint_problems
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_a_good_checkpoint_loads_as_before(copy: Path, tiny_dir: Path) -> None:
 ])
 def test_each_missing_piece_is_named(copy: Path, remove: str, named: str) -> None:
     (copy / remove).unlink()
-    with pytest.raises(CheckpointError) as err:
+    with pytest.raises(ModelLoadError) as err:
         load_policy(copy)
     assert any(m.startswith(named) for m in err.value.missing), err.value.missing
     assert str(copy) in str(err.value) and "is not a complete Qwen3-VL checkpoint" in str(err.value)
@@ -58,7 +58,7 @@ def test_everything_missing_is_named_at_once(copy: Path) -> None:
         (copy / name).unlink()
     problems = checkpoint_problems(copy)
     assert len(problems) == 3
-    message = str(CheckpointError(copy, problems))
+    message = str(ModelLoadError(copy, problems))
     assert message.count("\n  - ") == 3
 
 
@@ -93,7 +93,7 @@ def test_every_service_resolves_its_model_through_the_check(copy: Path) -> None:
 
     assert resolve_model_dir("qwen3-vl-8b", model_path=copy) == copy
     (copy / "preprocessor_config.json").unlink()
-    with pytest.raises(CheckpointError) as err:
+    with pytest.raises(ModelLoadError) as err:
         resolve_model_dir("qwen3-vl-8b", model_path=copy)
     assert [m.split(" ")[0] for m in err.value.missing] == ["preprocessor_config.json"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlfleet.local.metrics import read_events
+from rlfleet.local.metrics_jsonl import read_events
 from rlfleet.storage import (
     checkpoint_adapter_versions,
     has_checkpoints,
@@ -128,7 +128,7 @@ def test_an_append_the_disk_cannot_take_whole_leaves_no_torn_record(tmp_path: Pa
 
 
 def test_the_lineage_keeps_the_resumed_attempts_records_of_a_step() -> None:
-    from rlfleet.local.metrics import lineage_steps
+    from rlfleet.local.metrics_jsonl import lineage_steps
 
     events = [{"event": "start", "step": 0}, *({"event": "step", "step": s, "a": 1}
                                                for s in (1, 2, 3)),

@@ -3,15 +3,15 @@ loaded first, never more than a replica can hold; survive replicas dying mid-req
 up replicas that join mid-run.
 
 Capacity. Every replica advertises what it admits at once (`max_groups` groups and
-`max_episodes` episodes, in its registry heartbeat; for static addresses from GetStatus,
+`max_episodes` episodes, in its heartbeat in the fleet store; for static addresses from GetStatus,
 else a conservative default). The pool counts the groups and episodes it has in flight on
 each replica and sends a group only where it fits by the replica's own admission rule
-(fewer than max_groups groups, episodes + group_size <= max_episodes; an idle replica
-takes any one group, so a group larger than max_episodes is never starved). When no live
-replica has room, the group WAITS (a condition variable woken when any of the pool's
-groups finishes or the replica list changes; the registry is re-read every
-`registry_refresh_s` while waiting). Waiting groups are served first come, first served;
-a re-sent group goes to the front.
+(`rlfleet.fleet.replicas.admits`: fewer than max_groups groups, episodes + group_size <=
+max_episodes; an idle replica takes any one group, so a group larger than max_episodes is
+never starved). When no live replica has room, the group WAITS (a condition variable
+woken when any of the pool's groups finishes or the replica list changes; the fleet store
+is re-read every `fleet_refresh_s` while waiting). Waiting groups are served first come,
+first served; a re-sent group goes to the front.
 
 A retry is a fault, not the scheduling method: RESOURCE_EXHAUSTED can still come (another
 learner shares the replica), and a replica can fail; then the group is re-sent, counted in
@@ -25,7 +25,7 @@ is dropped, so every index is delivered once.
 
 A hung replica (SIGSTOP, a wedged host: its sockets stay open, nothing arrives) loses its
 groups to another replica: a watchdog cancels every stream to a replica whose heartbeat
-has expired (absent from the registry for half its TTL more, so that a restarted,
+has expired (absent from the fleet store for half its TTL more, so that a restarted,
 flushed Redis that the replicas re-fill within a heartbeat cancels nothing), and any
 stream that delivers no trajectory for `idle_timeout_s` (the only check for static
 addresses). Cancelled groups are re-sent like any failed group.
@@ -60,6 +60,7 @@ from rlfleet.fleet import (
     verify_credentials,
 )
 from rlfleet.fleet.connection import credentials_error
+from rlfleet.fleet.replicas import admits
 from rlfleet.rpc.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -117,14 +118,6 @@ class NoReplicas(RuntimeError):
 
 class InsufficientCapacity(RuntimeError):
     """The live replicas cannot hold what a recipe keeps in flight."""
-
-
-def fits(groups: int, episodes: int, group_size: int, capacity: Capacity) -> bool:
-    """The replica's admission rule (rlfleet_rollout.servicer.admits), applied to what this
-    pool has in flight there."""
-    if groups == 0:
-        return True
-    return groups < capacity.groups and episodes + group_size <= capacity.episodes
 
 
 def groups_that_fit(group_size: int, capacity: Capacity) -> int:
@@ -197,19 +190,19 @@ class RolloutPool:
         idle_timeout_s: float = 600.0,
         max_attempts: int = 8,
         wait_for_replicas_s: float = 120.0,
-        registry_refresh_s: float = 1.0,
+        fleet_refresh_s: float = 1.0,
         status_timeout_s: float = 2.0,
         tls: dict | None = None,
     ) -> None:
-        self.registry = None
+        self.fleet = None
         if redis_url:
             client = connect(redis_url)
             verify_credentials(client)  # a wrong password: FleetAuthError, now, once
-            self.registry = ReplicaDirectory(client, fleet_signing_key(token))
+            self.fleet = ReplicaDirectory(client, fleet_signing_key(token))
         self.static = list(addresses)
-        if self.registry is None and not self.static:
+        if self.fleet is None and not self.static:
             raise ValueError("RolloutPool needs a redis_url or replica addresses")
-        if self.registry is not None and self.registry.key is None:
+        if self.fleet is not None and self.fleet.key is None:
             log.warning("no fleet token: the rollout pool trusts every replica heartbeat "
                         "in Redis (auth is off)")
         self.run = run
@@ -220,10 +213,10 @@ class RolloutPool:
         self.max_attempts = max_attempts  # failures of one group (refusals counted apart)
         self.max_refusals = 20 * max_attempts  # RESOURCE_EXHAUSTED answers to one group
         self.wait_for_replicas_s = wait_for_replicas_s
-        self.registry_refresh_s = registry_refresh_s
+        self.fleet_refresh_s = fleet_refresh_s
         self.status_timeout_s = status_timeout_s
         self._clients: dict[str, RolloutClient] = {}
-        self._last_live: list[Replica] = []  # the registry's last answer (Redis outages)
+        self._last_live: list[Replica] = []  # the fleet store's last answer (Redis outages)
         self._lock = threading.Lock()
         self.retries: dict[str, int] = {}  # groups re-sent, by status code (this pool)
         self._cond = threading.Condition(self._lock)
@@ -236,7 +229,7 @@ class RolloutPool:
         self._live_at = 0.0
         self._live_key: frozenset = frozenset()
         self._refreshing = threading.Lock()
-        self._registry_down = False
+        self._fleet_down = False
         self._static_caps: dict[str, tuple[Capacity, str]] = {}  # address -> (cap, id)
         self._static_next_ask: dict[str, float] = {}
         self._streams: set[_Stream] = set()  # streams in flight, watched for hangs
@@ -294,9 +287,9 @@ class RolloutPool:
             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
     def _cached(self) -> list[Replica]:
-        """The replica list, re-read when older than registry_refresh_s; while one thread
+        """The replica list, re-read when older than fleet_refresh_s; while one thread
         re-reads it, the others use the previous list instead of waiting on Redis."""
-        if self._live is not None and time.monotonic() - self._live_at < self.registry_refresh_s:
+        if self._live is not None and time.monotonic() - self._live_at < self.fleet_refresh_s:
             return self._live
         if self._live is None:
             with self._refreshing:
@@ -315,7 +308,7 @@ class RolloutPool:
             return self._read_locked()
 
     def _read_locked(self) -> list[Replica]:
-        live = self._read_registry() if self.registry is not None else self._read_static()
+        live = self._read_fleet() if self.fleet is not None else self._read_static()
         seen: dict[str, Replica] = {}
         for r in live:  # one entry per address (a restarted replica's old key lingers)
             seen.setdefault(r.address, r)
@@ -341,7 +334,7 @@ class RolloutPool:
         now = time.monotonic()
         with self._cond:
             for address in [a for a in self._suspect if a not in listed]:
-                del self._suspect[address]  # gone from the registry; fresh if it returns
+                del self._suspect[address]  # gone from the fleet store; fresh if it returns
             due = [a for a, t in self._suspect.items() if t <= now]
         for address in due:
             try:
@@ -360,28 +353,28 @@ class RolloutPool:
                     self._strikes[address] = strikes
                     self._suspect[address] = time.monotonic() + _backoff(strikes, 8.0)
 
-    def _read_registry(self) -> list[Replica]:
-        assert self.registry is not None
+    def _read_fleet(self) -> list[Replica]:
+        assert self.fleet is not None
         try:
             live = [Replica(r.replica_id, r.address, r.active_episodes,
                             *_capacity(r.max_groups, r.max_episodes),
                             ttl_s=r.ttl_s if r.ttl_s > 0 else DEFAULT_TTL_S)
-                    for r in self.registry.live() if self.run is None or r.run == self.run]
+                    for r in self.fleet.live() if self.run is None or r.run == self.run]
         except redis.AuthenticationError as exc:
             # the password changed under us: a configuration error, not an outage
             raise credentials_error(exc) from None
         except redis.RedisError as exc:
-            # The registry is down (restarting), not the replicas: keep sending work to
+            # The fleet store is down (restarting), not the replicas: keep sending work to
             # the replicas it last listed; one that died meanwhile fails and is retried.
-            if not self._registry_down:
-                log.warning("replica registry unreachable; using the last known replicas",
+            if not self._fleet_down:
+                log.warning("fleet store unreachable; using the last known replicas",
                             extra={"error": repr(exc), "replicas": len(self._last_live)})
-            self._registry_down = True
+            self._fleet_down = True
             return [Replica(r.replica_id, r.address, r.load, r.max_groups, r.max_episodes,
                             r.ttl_s) for r in self._last_live]
-        if self._registry_down:
-            log.info("replica registry reachable again", extra={"replicas": len(live)})
-            self._registry_down = False
+        if self._fleet_down:
+            log.info("fleet store reachable again", extra={"replicas": len(live)})
+            self._fleet_down = False
         self._last_live = live
         if len(self._ttls) > 10_000:
             self._ttls.clear()
@@ -430,7 +423,8 @@ class RolloutPool:
             if r.address in self._suspect or self._avoid_until.get(r.address, 0.0) > now:
                 continue
             sent = self._sent.get(r.address, _Sent())
-            if not fits(sent.groups, sent.episodes, size, r.capacity):
+            if not admits(sent.groups, sent.episodes, size, r.capacity.groups,
+                          r.capacity.episodes):
                 continue
             used = max((sent.groups + 1) / r.max_groups, (sent.episodes + size) / r.max_episodes)
             rank = (r.address in failed, used, max(r.load, sent.episodes), random.random())
@@ -439,12 +433,12 @@ class RolloutPool:
         return best[1] if best else None
 
     def _wait_s(self) -> float:
-        """How long a waiting group sleeps at most: until the next registry read, or the
+        """How long a waiting group sleeps at most: until the next fleet store read, or the
         end of the nearest back-off (caller holds the lock)."""
         now = time.monotonic()
         ends = [t - now for t in [*self._avoid_until.values(), *self._suspect.values()]
                 if t > now]
-        return max(0.01, min([self.registry_refresh_s, *ends]))
+        return max(0.01, min([self.fleet_refresh_s, *ends]))
 
     def _acquire(self, request: rollout_pb2.GroupRequest, failed: set[str],
                  resend: bool) -> Replica:
@@ -475,7 +469,7 @@ class RolloutPool:
                     else:  # none listed, or every one failed and does not answer since
                         no_replicas_since = no_replicas_since or time.monotonic()
                         if time.monotonic() - no_replicas_since > self.wait_for_replicas_s:
-                            ignored = self.registry.ignored if self.registry else 0
+                            ignored = self.fleet.ignored if self.fleet else 0
                             unverified = (f"; {ignored} heartbeat(s) in Redis ignored: their "
                                           "signature does not verify (forged, or replicas "
                                           "with another token)" if ignored else "")
@@ -629,7 +623,7 @@ class RolloutPool:
             self._streams.discard(stream)
 
     def _watch_period_s(self) -> float:
-        return max(0.05, min(1.0, self.registry_refresh_s, self.idle_timeout_s / 4))
+        return max(0.05, min(1.0, self.fleet_refresh_s, self.idle_timeout_s / 4))
 
     def _watch_loop(self) -> None:
         while not self._closed.is_set():
@@ -657,9 +651,9 @@ class RolloutPool:
             if idle > self.idle_timeout_s:
                 doomed.append((s, "idle", f"no trajectory for {idle:.0f}s (idle timeout "
                                           f"{self.idle_timeout_s:g}s); the replica hangs"))
-        if self.registry is not None:
+        if self.fleet is not None:
             live = self._refresh()
-            if not self._registry_down:  # the registry answered: absence means expiry
+            if not self._fleet_down:  # the fleet store answered: absence means expiry
                 listed = {r.address: r for r in live}
                 for address in list(self._absent_since):
                     if address in listed:
@@ -672,7 +666,7 @@ class RolloutPool:
                     if now - first >= grace:
                         doomed.append((s, "heartbeat_expired",
                                        f"the replica's heartbeat expired ({now - first:.1f}s "
-                                       "absent from the registry); it is gone or hung"))
+                                       "absent from the fleet store); it is gone or hung"))
         cancelled = 0
         for s, reason, detail in doomed:
             if s.reason is not None:

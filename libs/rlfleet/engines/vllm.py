@@ -63,6 +63,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
+from rlfleet import defaults
 from rlfleet.engines.base import (
     EngineError,
     Generation,
@@ -91,8 +92,7 @@ def default_venv_python() -> Path:
     venv = os.environ.get("RLFLEET_VLLM_VENV")
     if venv:
         return Path(venv) / "bin" / "python"
-    cache = Path(os.environ.get("RLFLEET_CACHE", Path.home() / ".cache" / "rlfleet"))
-    return cache / "venv-vllm" / "bin" / "python"
+    return defaults.cache_dir() / "venv-vllm" / "bin" / "python"
 
 
 def image_runs(ids: Sequence[int], pad_id: int) -> int:

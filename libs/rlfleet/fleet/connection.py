@@ -78,7 +78,7 @@ def fleet_store_full(exc: BaseException) -> bool:
 
 
 def fleet_unavailable_reason(exc: BaseException) -> str | None:
-    """Why a Redis error means "the registry cannot answer now, retry" (None: it does
+    """Why a Redis error means "the fleet store cannot answer now, retry" (None: it does
     not): unreachable, full, read-only (a replica after failover), loading its data."""
     if isinstance(exc, redis.AuthenticationError):
         return "Redis refused the service's credentials (check REDIS_PASSWORD)"

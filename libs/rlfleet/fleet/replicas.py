@@ -3,7 +3,7 @@ heartbeating disappears by itself.
 
 A heartbeat carries the replica's load and its capacity (`max_groups`, `max_episodes`:
 what it admits at once, 0 = not advertised by an older replica). Readers ignore fields
-they do not know, so replicas and learners of different versions share one registry.
+they do not know, so replicas and learners of different versions share one fleet store.
 
 Identity: with the fleet's signing key (derived from the shared token, see
 `rlfleet.fleet.identity`) heartbeats are signed, and readers list only those that
@@ -11,9 +11,9 @@ verify: a key written into Redis by anyone else (an attacker's address, a copied
 heartbeat edited to another address or version, an old one replayed) is not a replica.
 
 A full Redis (maxmemory with noeviction refuses every write that may grow memory) must
-not empty the registry: a heartbeat overwrites one small key in place, so it is written
+not empty the fleet store: a heartbeat overwrites one small key in place, so it is written
 by a script that may run while Redis is out of memory (Redis >= 7 `allow-oom`); the
-replicas stay listed while the rest of the registry refuses writes.
+replicas stay listed while the rest of the fleet store refuses writes.
 """
 
 from __future__ import annotations
@@ -68,6 +68,17 @@ class ReplicaInfo:
 
 
 _FIELDS = frozenset(f.name for f in fields(ReplicaInfo))
+
+
+def admits(groups: int, episodes: int, group_size: int, max_groups: int,
+           max_episodes: int) -> bool:
+    """The admission rule of a replica that plays `groups` groups of `episodes` episodes in
+    all: both limits hold after admitting a group of `group_size`; an idle replica admits
+    any one group, so a group larger than max_episodes is never starved. The replica
+    applies it to what it plays, the learner's pool to what it has sent there."""
+    if groups == 0:
+        return True
+    return groups < max_groups and episodes + group_size <= max_episodes
 
 
 class ReplicaDirectory:

@@ -6,14 +6,16 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import ConfigDict, field_validator, model_validator
+
+from rlfleet.config import ClosedModel
 
 LossReduction = Literal["token_mean", "sequence_mean"]
 LOSS_REDUCTIONS: tuple[str, ...] = ("token_mean", "sequence_mean")
 _REALS = ("clip_low", "clip_high", "dual_clip", "kl_coef", "eps", "temperature")
 
 
-class GRPOConfig(BaseModel):
+class GRPOConfig(ClosedModel):
     """GRPO settings. Defaults follow SkyRL's GRPO defaults except ``kl_coef`` (SkyRL: 0.001).
 
     A frozen pydantic model: the learner config's ``grpo`` section, so a file, the
@@ -38,7 +40,7 @@ class GRPOConfig(BaseModel):
       the learner's logprobs so that the importance ratio compares like with like.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True)  # and ClosedModel's: unknown keys refused
 
     advantage_estimator: str = "grpo"
     policy_loss: str = "ppo_clip"

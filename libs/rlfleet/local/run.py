@@ -28,8 +28,9 @@ from typing import IO
 
 import yaml
 
+from rlfleet import defaults
 from rlfleet.config import TOKEN_NAME, fleet_token
-from rlfleet.local.metrics import read_events
+from rlfleet.local.metrics_jsonl import read_events
 from rlfleet.local.plots import learning_curve
 from rlfleet.local.stack import start_stack
 from rlfleet.logs import CONSOLE_ENV, human_console
@@ -185,8 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     model_cfg = cfg["model"]
     model_dir = resolve_model_dir(model_cfg.get("profile", "tiny"), model_cfg.get("path"),
-                                  os.environ.get("RLFLEET_CACHE",
-                                                 Path.home() / ".cache" / "rlfleet"))
+                                  defaults.cache_dir())
     model_cfg["path"] = str(model_dir)
     runs_root = args.runs_root.resolve()
     run_dir = runs_root / run

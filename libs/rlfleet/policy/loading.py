@@ -62,7 +62,7 @@ _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
-class CheckpointError(FileNotFoundError):
+class ModelLoadError(FileNotFoundError):
     """A model directory that is not a usable checkpoint; `missing` names each problem."""
 
     def __init__(self, path: Path, missing: list[str]) -> None:
@@ -164,12 +164,12 @@ def checkpoint_problems(path: str | Path) -> list[str]:
 
 
 def check_checkpoint(path: str | Path) -> Path:
-    """``path`` if it is a complete checkpoint; CheckpointError naming everything that is
+    """``path`` if it is a complete checkpoint; ModelLoadError naming everything that is
     missing otherwise (see `checkpoint_problems`)."""
     path = Path(path)
     problems = checkpoint_problems(path)
     if problems:
-        raise CheckpointError(path, problems)
+        raise ModelLoadError(path, problems)
     return path
 
 

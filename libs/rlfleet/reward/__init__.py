@@ -47,13 +47,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlfleet import defaults
-from rlfleet.registries import REWARDS_GROUP, PluginError, Registry
+from rlfleet.registries import REWARDS_GROUP, Registry, RegistryError
 from rlfleet.tasks import StepResult, TaskEpisode
 
 __all__ = [
     "REWARDS_GROUP",
     "Episode",
-    "PluginError",
+    "RegistryError",
     "RewardFunction",
     "RewardRegistry",
     "Score",
@@ -203,12 +203,12 @@ def reward_function(name: str, version: str, components: Sequence[str] = (),
 
 def check_reward(obj: object) -> RewardFunction:
     if not isinstance(obj, RewardFunction):
-        raise PluginError(f"{obj!r} is not an rlfleet.reward.RewardFunction")
+        raise RegistryError(f"{obj!r} is not an rlfleet.reward.RewardFunction")
     if not obj.name or not obj.version:
-        raise PluginError(f"reward {obj!r} must have a non-empty name and version")
+        raise RegistryError(f"reward {obj!r} must have a non-empty name and version")
     low, high = obj.reward_range
     if math.isnan(low) or math.isnan(high) or not low <= high:
-        raise PluginError(f"reward {obj!r}: reward_range must be (low, high) with low <= high,"
+        raise RegistryError(f"reward {obj!r}: reward_range must be (low, high) with low <= high,"
                           f" got {obj.reward_range!r}")
     return obj
 
@@ -257,7 +257,7 @@ def default_rewards(*, discover: bool = True) -> RewardRegistry:
     return registry
 
 
-def serve(reward: RewardFunction, *, port: int = 50061, host: str = "127.0.0.1",
+def serve(reward: RewardFunction, *, port: int = defaults.REWARD_PORT, host: str = "127.0.0.1",
           metrics_port: int | None = None, tasks: Any = None, block: bool = True,
           **settings: Any) -> Any:
     """Serves `reward` as an rlfleet reward service (see the module docstring).

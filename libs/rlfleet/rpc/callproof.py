@@ -43,7 +43,7 @@ WINDOW_S = 60.0
 
 def proof_key(token: str) -> bytes:
     """The key proofs are made with: derived from the token, for this use only (the
-    registry's signing key is another derivation)."""
+    fleet store's signing key is another derivation)."""
     return hmac.new(token.encode(), b"rlfleet/call-proof/v1", hashlib.sha256).digest()
 
 

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rlfleet import defaults
 from rlfleet.maze import EVAL_SEEDS, HELDOUT_SEEDS
 from rlfleet.policy import ChatCodec, collate, ensure_tiny_model, load_policy
 from rlfleet.policy.logprobs import ModelBatch, forward, unwrap
@@ -48,10 +49,6 @@ _MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors",
 
 
 SCHEDULES = ("constant", "cosine", "linear")
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("RLFLEET_CACHE", Path.home() / ".cache" / "rlfleet")).expanduser()
 
 
 @dataclass
@@ -245,7 +242,7 @@ def train_sft(cfg: SFTConfig, log: Callable[[str], None] = print) -> dict:
     """Run SFT as configured; writes the model and ``sft_summary.json`` to ``cfg.out``."""
     t_start = time.perf_counter()
     torch.manual_seed(cfg.seed)
-    base = Path(cfg.base) if cfg.base else ensure_tiny_model(default_cache_dir())
+    base = Path(cfg.base) if cfg.base else ensure_tiny_model(defaults.cache_dir())
     model, processor = load_policy(base, dtype=torch.float32)
     codec = ChatCodec(processor)
     sharpened = sharpen_attention(model, cfg.qk_gain)

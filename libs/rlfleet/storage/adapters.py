@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     StringConstraints,
@@ -41,7 +40,7 @@ from pydantic import (
     field_validator,
 )
 
-from rlfleet.config import validation_summary
+from rlfleet.config import ClosedModel, validation_summary
 from rlfleet.storage.atomic import (
     StorageError,
     atomic_dir,
@@ -79,9 +78,9 @@ class VersionProtected(ValueError):
     """Refused to remove a version that is the latest or in the caller's keep set."""
 
 
-class _Strict(BaseModel):
+class _Strict(ClosedModel):
     # strict: no coercion ("3" is not a version, true is not a size); unknown keys refused
-    model_config = ConfigDict(strict=True, frozen=True, extra="forbid")
+    model_config = ConfigDict(strict=True, frozen=True)
 
 
 class FileEntry(_Strict):

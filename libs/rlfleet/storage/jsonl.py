@@ -6,7 +6,7 @@ fsync. A write the disk cannot take whole (ENOSPC, EFBIG, a short count) is cut 
 where the file ended before it, so the file holds whole lines only, and the error is
 raised. A line torn by an earlier crash (the process died inside the write, or an older
 writer did this without care) is closed with a newline before the next record, so the
-new record never joins it; readers skip that one torn line (rlfleet.local.metrics).
+new record never joins it; readers skip that one torn line (rlfleet.local.metrics_jsonl).
 """
 
 from __future__ import annotations

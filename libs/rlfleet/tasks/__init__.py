@@ -27,14 +27,14 @@ from typing import Any
 
 from rlfleet import limits
 from rlfleet.maze.episode import EpisodeDone
-from rlfleet.registries import TASKS_GROUP, PluginError, Registry
+from rlfleet.registries import TASKS_GROUP, Registry, RegistryError
 from rlfleet.rpc.errors import InvalidArgument, NotFound
 
 __all__ = [
     "TASKS_GROUP",
     "EpisodeDone",
     "Image",
-    "PluginError",
+    "RegistryError",
     "SimpleEpisode",
     "StepResult",
     "Task",

@@ -39,7 +39,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlfleet.registries import PluginError
+from rlfleet.registries import RegistryError
 from rlfleet.tasks import (
     Image,
     SimpleEpisode,
@@ -142,7 +142,7 @@ class SkyRLTask(Task):
         import skyrl_gym
 
         if env_id not in skyrl_gym.registry:
-            raise PluginError(f"no skyrl-gym environment {env_id!r} is registered; "
+            raise RegistryError(f"no skyrl-gym environment {env_id!r} is registered; "
                               f"registered: {sorted(skyrl_gym.registry)}")
         self.env_id = env_id
         self.dataset = list(dataset or [])
@@ -191,7 +191,7 @@ def load_dataset(path: str | Path) -> list[dict]:
     else:
         rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     if not rows or not all(isinstance(r, dict) for r in rows):
-        raise PluginError(f"{path}: a SkyRL dataset is a non-empty list of JSON objects")
+        raise RegistryError(f"{path}: a SkyRL dataset is a non-empty list of JSON objects")
     return rows
 
 
@@ -200,14 +200,14 @@ def skyrl_task(spec: str) -> SkyRLTask:
     name, _, data = spec.partition("=")
     module, _, env_id = name.rpartition(":")
     if not env_id:
-        raise PluginError(f"--skyrl-env {spec!r}: give [module:]ENV_ID[=DATASET]")
+        raise RegistryError(f"--skyrl-env {spec!r}: give [module:]ENV_ID[=DATASET]")
     if module:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise PluginError(f"--skyrl-env {spec!r}: cannot import {module}: {exc}") from exc
+            raise RegistryError(f"--skyrl-env {spec!r}: cannot import {module}: {exc}") from exc
     try:
         dataset = load_dataset(data) if data else None
     except (OSError, ValueError) as exc:
-        raise PluginError(f"--skyrl-env {spec!r}: cannot read the dataset: {exc}") from exc
+        raise RegistryError(f"--skyrl-env {spec!r}: cannot read the dataset: {exc}") from exc
     return SkyRLTask(env_id, dataset=dataset)

@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p_sub = p.add_subparsers(dest="subcommand", required=True)
     serve = p_sub.add_parser("serve", help="publish adapter versions, track replicas")
     add_common_args(serve, SETTINGS)
-    add_setting(serve, "--redis-url", SETTINGS, metavar="URL", help="the fleet registry")
+    add_setting(serve, "--redis-url", SETTINGS, metavar="URL", help="the fleet store")
     add_setting(serve, "--runs-root", SETTINGS, type=Path, metavar="DIR",
                 help="runs directory (adapter versions on /shared)")
     add_setting(serve, "--keep-last", SETTINGS, type=int, metavar="N",

@@ -40,11 +40,11 @@ def _run(name: str) -> str:
         raise InvalidArgument(str(exc)) from exc
 
 
-def _registry_errors(method: Callable[..., Any]) -> Callable[..., Any]:
+def _fleet_store_errors(method: Callable[..., Any]) -> Callable[..., Any]:
     """Redis unreachable (restarting, failing over), full (maxmemory with noeviction: OOM
     on every write), read-only or loading is UNAVAILABLE with a message naming the cause,
-    which callers retry, not an INTERNAL error: the request was fine, the registry cannot
-    record it now."""
+    which callers retry, not an INTERNAL error: the request was fine, the fleet store
+    cannot record it now."""
 
     @functools.wraps(method)
     def wrapped(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
@@ -54,7 +54,7 @@ def _registry_errors(method: Callable[..., Any]) -> Callable[..., Any]:
             reason = fleet_unavailable_reason(exc)
             if reason is None:
                 raise
-            log.warning("registry refused a call", extra={
+            log.warning("fleet store refused a call", extra={
                 "method": method.__name__, "reason": reason, "error": str(exc)[:300]})
             raise Unavailable(f"{reason}; retry") from exc
 
@@ -74,7 +74,7 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
         self.state = state
         self.recheck_s = recheck_s
 
-    @_registry_errors
+    @_fleet_store_errors
     def Publish(self, request: sync_pb2.PublishRequest, context: grpc.ServicerContext):  # noqa: N802
         ref = request.adapter
         run = _run(ref.run)
@@ -133,7 +133,7 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
         except (redis.RedisError, ValueError) as exc:
             log.warning("pending hint not sent", extra={"run": run, "error": repr(exc)})
 
-    @_registry_errors
+    @_fleet_store_errors
     def GetLatest(self, request: sync_pb2.GetLatestRequest, context):  # noqa: N802, ANN001
         run = _run(request.run)
         record = self.state.adapters.latest(run)
@@ -141,7 +141,7 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
             raise NotFound(f"no adapter published for run {run!r}")
         return _ref(record)
 
-    @_registry_errors
+    @_fleet_store_errors
     def WaitForReplicas(self, request: sync_pb2.WaitForReplicasRequest, context):  # noqa: N802, ANN001
         run = _run(request.run)
         if not 1 <= request.min_replicas <= limits.MAX_REPLICAS:
@@ -194,7 +194,7 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
         return [r for r in self.state.adapters.refusals(run, version)
                 if r.replica_id not in serving]
 
-    @_registry_errors
+    @_fleet_store_errors
     def Acknowledge(self, request: sync_pb2.AcknowledgeRequest, context):  # noqa: N802, ANN001
         ref = request.adapter
         run = _run(ref.run)

@@ -15,7 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from rlfleet import defaults
-from rlfleet.registries import PluginError
+from rlfleet.registries import RegistryError
 from rlfleet.reward import RewardFunction, default_rewards
 from rlfleet.reward.service import REWARD_SERVICE, RewardServicer, registration
 from rlfleet.rpc.server import GrpcServer, ServerConfig
@@ -70,7 +70,7 @@ class EnvSettings(ServiceSettings):
     def reward_function(self) -> RewardFunction:
         try:
             return default_rewards().get(self.reward)
-        except PluginError as exc:
+        except RegistryError as exc:
             raise ValueError(str(exc)) from None
 
     def task_registry(self) -> TaskRegistry:
@@ -83,10 +83,10 @@ class EnvSettings(ServiceSettings):
             if self.tasks:
                 unknown = [t for t in self.tasks if t not in registry]
                 if unknown:
-                    raise PluginError(f"unknown task(s) {unknown}; known: {registry.names()}")
+                    raise RegistryError(f"unknown task(s) {unknown}; known: {registry.names()}")
                 registry = registry.only(self.tasks)
             return registry
-        except PluginError as exc:
+        except RegistryError as exc:
             raise ValueError(str(exc)) from None
 
 

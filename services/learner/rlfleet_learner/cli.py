@@ -55,9 +55,9 @@ def _run(args: argparse.Namespace) -> int:
     from rlfleet.clients.rollout_pool import InsufficientCapacity
     from rlfleet.config import ConfigError
     from rlfleet.logs import human_console
-    from rlfleet.policy.loading import CheckpointError
+    from rlfleet.policy.loading import ModelLoadError
     from rlfleet.storage import PathOutsideRunsRoot
-    from rlfleet.storage.checkpoints import CheckpointError as DamagedCheckpoint
+    from rlfleet.storage.checkpoints import CheckpointError
     from rlfleet_learner.console import learner_log_file, setup_learner_logging
     from rlfleet_learner.faults import EXIT_FLEET_FAILURE, FleetFailure
     from rlfleet_learner.loop import FreshStartRefused, Learner, NoCheckpoint
@@ -115,7 +115,7 @@ def _run(args: argparse.Namespace) -> int:
         learner = Learner(cfg, resume=args.resume, stop=stop)
         summary = learner.run()
     except (NoCheckpoint, PathOutsideRunsRoot, InsufficientCapacity, ConfigError,
-            CheckpointError, FreshStartRefused, DamagedCheckpoint) as exc:
+            ModelLoadError, FreshStartRefused, CheckpointError) as exc:
         log.error("rlfleet learner: %s", exc, extra={"error": type(exc).__name__})
         return 2
     except FleetFailure as exc:  # the trained steps are checkpointed (Learner.run)

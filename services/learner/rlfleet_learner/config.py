@@ -5,19 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rlfleet import defaults
+from rlfleet.config import ClosedModel
 from rlfleet.grpo import GRPOConfig
 from rlfleet.maze.tasks import EVAL_SEEDS, HELDOUT_SEEDS
 from rlfleet.names import CONTEXTS
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ModelConfig(_Strict):
+class ModelConfig(ClosedModel):
     profile: Literal["tiny", "qwen3-vl-8b"] = "tiny"
     path: Path | None = None  # the starting checkpoint (e.g. the SFT model); tiny: cache
     name: str = "tiny-sft"  # recorded in adapter manifests as the base model
@@ -50,7 +47,7 @@ class ModelConfig(_Strict):
         return "bfloat16" if self.device == "cuda" else "float32"
 
 
-class DataConfig(_Strict):
+class DataConfig(ClosedModel):
     task: str = "maze_2d"
     size: int = Field(7, ge=5, le=63)
     max_turns: int = Field(0, ge=0, le=1000)  # 0 = the task's default for the size
@@ -76,7 +73,7 @@ class DataConfig(_Strict):
         return self
 
 
-class OptimConfig(_Strict):
+class OptimConfig(ClosedModel):
     lr: float = Field(5e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
@@ -90,7 +87,7 @@ class OptimConfig(_Strict):
     epochs: int = Field(1, ge=1, le=16)
 
 
-class EvalConfig(_Strict):
+class EvalConfig(ClosedModel):
     every: int = Field(10, ge=0)  # steps; 0 = only at start and end
     eval_seeds: int = Field(64, ge=0)  # the fixed eval mazes 0..N-1 (at most 64)
     heldout_seeds: int = Field(256, ge=0)  # more mazes (64..) for less noise (at most 256)
@@ -113,12 +110,12 @@ class EvalConfig(_Strict):
         return self
 
 
-class CheckpointConfig(_Strict):
+class CheckpointConfig(ClosedModel):
     every: int = Field(10, ge=0)  # steps; 0 = never
     keep_last: int = Field(3, ge=1)
 
 
-class FleetConfig(_Strict):
+class FleetConfig(ClosedModel):
     redis_url: str = "redis://127.0.0.1:6379/0"
     sync_address: str = defaults.local_address(defaults.CKPTSYNC_PORT)
     runs_root: Path = defaults.RUNS_ROOT  # RLFLEET_RUNS_ROOT in a deployment (cli.py)
@@ -135,7 +132,7 @@ class FleetConfig(_Strict):
     max_groups_in_flight: int = Field(8, ge=1)
 
 
-class RayConfig(_Strict):
+class RayConfig(ClosedModel):
     address: str | None = None  # None: RAY_ADDRESS or a local Ray
     # data-parallel trainers (torch.distributed: NCCL on cuda, gloo on cpu)
     num_workers: int = Field(1, ge=1)
@@ -149,7 +146,7 @@ class RayConfig(_Strict):
     object_store_mb: int = Field(256, ge=64)
 
 
-class LearnerConfig(_Strict):
+class LearnerConfig(ClosedModel):
     run: str = "local"
     seed: int = 0
     steps: int = Field(20, ge=0)

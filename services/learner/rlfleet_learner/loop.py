@@ -250,12 +250,12 @@ class Learner:
         return 0.0
 
     def _live_replica_ids(self) -> set[str] | None:
-        """The replicas that heartbeat now (None when the registry cannot be read: then
+        """The replicas that heartbeat now (None when the fleet store cannot be read: then
         nobody is assumed gone)."""
         try:
             return {r.replica_id for r in self.pool.replicas()}
         except Exception:  # noqa: BLE001 - a hint only; the wait goes on without it
-            log.debug("registry unreadable while waiting for replicas", exc_info=True)
+            log.debug("fleet store unreadable while waiting for replicas", exc_info=True)
             return None
 
     # -- rollouts --------------------------------------------------------------------

@@ -40,7 +40,7 @@ from rlfleet_learner.faults import PublishFailed, ReplicasLost, disk_failure
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# ckpt-sync could not answer now (the registry down or full, ckpt-sync itself hung): retry.
+# ckpt-sync could not answer now (the fleet store down or full, ckpt-sync itself hung): retry.
 RETRY_ANNOUNCE = (Unavailable, ResourceExhausted, DeadlineExceeded)
 # How long one WaitForReplicas call waits: between calls the learner looks at which
 # replicas still heartbeat, so a replica that died or hangs is not waited for.

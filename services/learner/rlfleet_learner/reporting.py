@@ -91,10 +91,10 @@ def replica_state(pool: Any, wanted: int | None = None, version: int | None = No
         state["replicas_wanted"] = wanted
     if version is not None:
         state["version"] = version
-    if pool.registry is None:  # fixed addresses: no heartbeats to read versions from
+    if pool.fleet is None:  # fixed addresses: no heartbeats to read versions from
         state["replicas_seen"] = sorted(r.replica_id for r in pool.replicas())
         return state
-    live = [r for r in pool.registry.live() if pool.run is None or r.run == pool.run]
+    live = [r for r in pool.fleet.live() if pool.run is None or r.run == pool.run]
     state["replicas_seen"] = sorted(r.replica_id for r in live)
     if version is not None:
         state["replicas_acknowledged"] = sorted(r.replica_id for r in live

@@ -31,12 +31,12 @@ def _serve(args: argparse.Namespace) -> int:
     # settings (and their ports) first: a bad flag fails before torch loads
     settings = settings_or_exit(RolloutSettings, args, "rollout")
     from rlfleet.config import ConfigError
-    from rlfleet.policy.loading import CheckpointError
+    from rlfleet.policy.loading import ModelLoadError
     from rlfleet_rollout.server import build_replica
 
     try:
         replica = build_replica(settings)
-    except (ConfigError, CheckpointError) as exc:
+    except (ConfigError, ModelLoadError) as exc:
         raise SystemExit(f"rlfleet rollout: {one_line(exc)}") from None
     try:
         return serve_forever(replica.server, f"rollout replica {settings.replica_id}",
@@ -124,12 +124,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     flag("--reward-address", type=optional_address, metavar="HOST:PORT",
          help="the reward service (default: '', the env address)")
     flag("--redis-url", metavar="URL",
-         help="fleet registry (default: '', no heartbeats and no hot-load events)")
+         help="the fleet store (default: '', no heartbeats and no hot-load events)")
     flag("--sync-address", type=optional_address, metavar="HOST:PORT",
          help="ckpt-sync, for acknowledgements (default: '', none)")
     flag("--runs-root", type=Path, metavar="DIR", help="runs directory (adapters on /shared)")
     flag("--run", help="run whose adapters this replica serves")
-    flag("--replica-id", help="name in the registry (default: HOSTNAME-PID)")
+    flag("--replica-id", help="name in the fleet store (default: HOSTNAME-PID)")
     flag("--advertise-address", type=optional_address, metavar="HOST:PORT",
          help="how the learner reaches this replica (default: '', --host:--port)")
     flag("--max-batch", type=int, metavar="N", help="sequences per engine batch")
@@ -141,9 +141,9 @@ def register(sub: argparse._SubParsersAction) -> None:
          help="versions older than the live one minus N are unloaded")
     flag("--cell-px", type=int, metavar="PX",
          help="maze render size asked of the env (0: the profile's)")
-    flag("--heartbeat-s", type=float, metavar="SECONDS", help="registry heartbeat period")
+    flag("--heartbeat-s", type=float, metavar="SECONDS", help="fleet store heartbeat period")
     flag("--heartbeat-ttl-s", type=float, metavar="SECONDS",
-         help="registry entry lifetime without a heartbeat")
+         help="fleet store entry lifetime without a heartbeat")
     serve.set_defaults(func=_serve)
 
     sample = p_sub.add_parser("sample", help="roll out one group and print the trajectories")

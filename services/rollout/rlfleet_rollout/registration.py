@@ -31,7 +31,7 @@ def _reason(exc: redis.RedisError) -> str:
 
 
 class Heartbeat:
-    """Writes the replica's registry entry every `period_s` (TTL `ttl_s`).
+    """Writes the replica's entry in the fleet store every `period_s` (TTL `ttl_s`).
 
     A failed heartbeat is logged with its cause (unreachable, full, refused credentials)
     when the failures begin, once a minute while they last, and when they end; the entry
@@ -39,9 +39,9 @@ class Heartbeat:
 
     REPEAT_LOG_S = 60.0
 
-    def __init__(self, registry: ReplicaDirectory, info: Callable[[], ReplicaInfo],
+    def __init__(self, fleet: ReplicaDirectory, info: Callable[[], ReplicaInfo],
                  period_s: float, ttl_s: float) -> None:
-        self.registry = registry
+        self.fleet = fleet
         self.info = info
         self.period_s = period_s
         self.ttl_s = ttl_s
@@ -51,7 +51,7 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
 
     def beat(self) -> None:
-        self.registry.heartbeat(self.info(), self.ttl_s)
+        self.fleet.heartbeat(self.info(), self.ttl_s)
 
     def register(self) -> bool:
         """Writes the first heartbeat, waiting (and retrying every `period_s`) while Redis
@@ -68,7 +68,7 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         try:
-            self.registry.remove(self.info().replica_id)
+            self.fleet.remove(self.info().replica_id)
         except redis.RedisError:
             pass
 
@@ -82,7 +82,7 @@ class Heartbeat:
                 self._logged_at = now
                 what = ("cannot register in the fleet store; serving NOT_SERVING until it "
                         "can" if starting else
-                        "heartbeat failed; the registry entry expires after its TTL until a "
+                        "heartbeat failed; the fleet store entry expires after its TTL until a "
                         "heartbeat succeeds")
                 log.warning(what, extra={"reason": _reason(exc), "error": str(exc)[:300],
                                          "failures": self.failures})
@@ -138,10 +138,10 @@ class AdapterWatcher:
 
     PREFETCH_TTL_S = 120.0  # a read-ahead never announced (refused) is dropped after this
 
-    def __init__(self, registry: AdapterDirectory, manager: AdapterManager,
+    def __init__(self, fleet: AdapterDirectory, manager: AdapterManager,
                  poll_s: float = 2.0, events_poll_s: float = 0.5,
                  max_attempts: int = MAX_LOAD_ATTEMPTS) -> None:
-        self.registry = registry
+        self.fleet = fleet
         self.manager = manager
         self.poll_s = poll_s
         self.events_poll_s = events_poll_s
@@ -155,7 +155,7 @@ class AdapterWatcher:
 
     def catch_up(self) -> None:
         """Loads the latest published version if it is newer than the live one."""
-        record = self.registry.latest(self.manager.run)
+        record = self.fleet.latest(self.manager.run)
         if record is not None:
             self._consider(record)
 
@@ -200,7 +200,7 @@ class AdapterWatcher:
                 "version": record.version, "error": str(exc), "attempts": attempts,
                 "retries_left": max(0, self.max_attempts - attempts)})
             try:
-                self.registry.refuse(record.run, record.version, self.manager.replica_id,
+                self.fleet.refuse(record.run, record.version, self.manager.replica_id,
                                      str(exc), attempts)
             except redis.RedisError as err:
                 log.warning("refusal not recorded", extra={"error": repr(err)})
@@ -216,7 +216,7 @@ class AdapterWatcher:
 
     def _loop(self) -> None:
         last_poll = 0.0
-        events = self.registry.events(self.manager.run, poll_s=self.events_poll_s,
+        events = self.fleet.events(self.manager.run, poll_s=self.events_poll_s,
                                       pending=True)
         while not self._stop.is_set():
             try:

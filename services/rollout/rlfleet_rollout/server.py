@@ -73,7 +73,7 @@ class Replica:
     watcher: AdapterWatcher | None
 
     def until_ready(self) -> None:
-        """Registers in the fleet registry and loads the run's latest adapter (if any)
+        """Registers in the fleet store and loads the run's latest adapter (if any)
         before reporting SERVING. A Redis that is down (or full) at start keeps the replica
         NOT_SERVING, retrying, until its first heartbeat is written."""
         if self.heartbeat is not None:
@@ -126,7 +126,7 @@ def build_replica(settings: RolloutSettings) -> Replica:
         verify_credentials(redis)
     # heartbeats signed with the key derived from the token: the learner and ckpt-sync
     # count only replicas that prove they hold it
-    replica_registry = (ReplicaDirectory(redis, fleet_signing_key(token)) if redis is not None
+    replica_fleet = (ReplicaDirectory(redis, fleet_signing_key(token)) if redis is not None
                         else None)
     holder: dict[str, Heartbeat] = {}
 
@@ -166,7 +166,7 @@ def build_replica(settings: RolloutSettings) -> Replica:
     servicer.address = address
 
     heartbeat = watcher = None
-    if replica_registry is not None:
+    if replica_fleet is not None:
         def info() -> ReplicaInfo:
             a = adapters.current
             return ReplicaInfo(
@@ -176,7 +176,7 @@ def build_replica(settings: RolloutSettings) -> Replica:
                 active_episodes=servicer.active_episodes, engine=settings.engine,
                 max_groups=servicer.max_groups, max_episodes=servicer.max_episodes)
 
-        heartbeat = Heartbeat(replica_registry, info, settings.heartbeat_s,
+        heartbeat = Heartbeat(replica_fleet, info, settings.heartbeat_s,
                               settings.heartbeat_ttl_s)
         holder["hb"] = heartbeat
         watcher = AdapterWatcher(AdapterDirectory(redis), adapters)

@@ -10,6 +10,7 @@ from prometheus_client import Counter, Gauge
 
 from rlfleet import limits
 from rlfleet.engines.base import EngineError
+from rlfleet.fleet.replicas import admits
 from rlfleet.names import ENGINE_NAMES, to_wire
 from rlfleet.rpc.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
@@ -43,19 +44,10 @@ def validate(request: rollout_pb2.GroupRequest) -> None:
         raise InvalidArgument("min_adapter_version must be >= 0")
 
 
-def admits(active_groups: int, active_episodes: int, group_size: int, max_groups: int,
-           max_episodes: int) -> bool:
-    """The admission rule (the pool applies the same one to what it has sent): both limits
-    hold after admitting the group; an idle replica admits any one group, so a group larger
-    than max_episodes is never starved."""
-    if active_groups == 0:
-        return True
-    return active_groups < max_groups and active_episodes + group_size <= max_episodes
-
-
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
-    """Plays groups; admission is by `admits` on max_groups and max_episodes (the capacity
-    advertised in the heartbeat and GetStatus), a full replica answers RESOURCE_EXHAUSTED."""
+    """Plays groups; admission is by `rlfleet.fleet.replicas.admits` on max_groups and
+    max_episodes (the capacity advertised in the heartbeat and GetStatus), a full replica
+    answers RESOURCE_EXHAUSTED."""
 
     def __init__(self, player: GroupPlayer, adapters: AdapterManager, *, max_groups: int,
                  adapter_wait_s: float, cache: GroupCache, address: str, engine: str,

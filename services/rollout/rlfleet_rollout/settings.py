@@ -24,12 +24,12 @@ class RolloutSettings(ServiceSettings):
     engine_args: dict[str, Any] = Field(default_factory=dict)
     profile: Literal[PROFILES] = "tiny"  # type: ignore[valid-type]  # one definition
     model: Path | None = None  # model directory; tiny: built into model_cache if unset
-    model_cache: Path = Path(os.environ.get("RLFLEET_CACHE", "~/.cache/rlfleet")).expanduser()
+    model_cache: Path = defaults.cache_dir()
     device: str = "cpu"
     torch_threads: int | None = Field(None, ge=1)
     env_address: str = defaults.local_address(defaults.ENV_PORT)
     reward_address: str = ""  # "" = the env address (one env/reward process)
-    redis_url: str = ""  # "" = no registry: no heartbeats, no hot-load events
+    redis_url: str = ""  # "" = no fleet store: no heartbeats, no hot-load events
     sync_address: str = ""  # ckpt-sync, for acknowledgements; "" = none
     runs_root: Path = defaults.RUNS_ROOT
     run: str = "default"
