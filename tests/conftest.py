@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlfleet.local.procs import Proc, ProcessGroup, free_port, rlfleet_argv
+from rlfleet.local.procs import PORT_BLOCK_ENV, Proc, ProcessGroup, free_port, rlfleet_argv
 from tests import leaks
 from tests.waits import ENV as WAIT_SCALE_ENV
 from tests.waits import SCALE, scaled
@@ -40,6 +40,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # Every process this pytest process starts inherits the mark (xdist workers set their
     # own), so what outlives the session can be found, whoever its parent was by then.
     leaks.mark_this_session()
+    # each xdist worker (gw0, gw1, ...) starts its services on ports of its own block
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    os.environ[PORT_BLOCK_ENV] = worker.removeprefix("gw") if worker.startswith("gw") else "0"
 
 
 @pytest.hookimpl(tryfirst=True)

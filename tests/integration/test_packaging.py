@@ -5,7 +5,6 @@ and the lock's versions install."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,15 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from rlfleet.local.procs import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_pip_install_env_extra_in_a_clean_venv_serves(tmp_path: Path) -> None:

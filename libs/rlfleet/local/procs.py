@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,11 +23,54 @@ import yaml
 
 from rlfleet.rpc.health import check
 
+# Ports for local services come from below the kernel's ephemeral range: every outgoing
+# connection takes its source port from that range, so a port found free there can be
+# taken between the check and the service's bind (seen with two test workers). Processes
+# that start services side by side (pytest-xdist workers) each take a block of their own,
+# PORT_BLOCK_ENV (0, 1, ...); others pick a block by their pid.
+PORT_BLOCK_ENV = "RLFLEET_PORT_BLOCK"
+PORT_FLOOR = 20000
+PORT_BLOCK_SIZE = 1500
+_port_lock = threading.Lock()
+_port_cursor: list[int] = []  # the next candidate's offset in this process's block
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, not handed out before by this process (until its block
+    wraps), outside the ephemeral range where the machine allows it."""
+    blocks = (_ephemeral_floor() - PORT_FLOOR) // PORT_BLOCK_SIZE
+    if blocks < 1:  # no room below the ephemeral range: the kernel's choice
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    raw = os.environ.get(PORT_BLOCK_ENV, "")
+    block = (int(raw) if raw.isdigit() else os.getpid()) % blocks
+    base = PORT_FLOOR + block * PORT_BLOCK_SIZE
+    with _port_lock:
+        if not _port_cursor:  # a child of a test worker shares its block: start elsewhere
+            _port_cursor.append(os.getpid() % PORT_BLOCK_SIZE)
+        for _ in range(PORT_BLOCK_SIZE):
+            port = base + _port_cursor[0]
+            _port_cursor[0] = (_port_cursor[0] + 1) % PORT_BLOCK_SIZE
+            if _bindable(port):
+                return port
+    raise RuntimeError(f"no free port in {base}..{base + PORT_BLOCK_SIZE - 1}")
 
 
 @dataclass
