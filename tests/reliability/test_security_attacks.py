@@ -356,6 +356,50 @@ def test_redis_access_cannot_steal_the_token_or_forge_replicas(fleet: Fleet) -> 
           f"latest 2**40 replaced {replaced:.0f} times, publishes v1, v2 served by both")
 
 
+@pytest.mark.slow
+def test_a_replica_port_taken_over_gets_no_token_and_has_nothing_accepted(fleet: Fleet
+                                                                          ) -> None:
+    """Issue 23 item 1, as reproduced: a replica is SIGKILLed and another server binds its
+    port while its heartbeat is still valid. The learner's pool (with the token) calls it:
+    the server learns no token (only per-call proofs, each good for one method and one
+    minute), cannot prove its answers, and every group is trained on the live replica."""
+    token = "tok-" + secrets.token_hex(16)
+    env = {"RLFLEET_AUTH_TOKEN": token}
+    fleet.token = token
+    fleet.start_redis()
+    fleet.start_env(env=env)
+    fleet.start_sync(env=env)
+    # a long heartbeat TTL: the dead replica stays listed while the attacker holds its port
+    ra, rb = fleet.start_replicas(["ra", "rb"], "--heartbeat-ttl-s", "60", env=env)
+    pool = RolloutPool(redis_url=fleet.redis_url, run=fleet.run, token=token,
+                       stream_timeout_s=120)
+    assert {r.address for r in pool.replicas()} == {ra.address, rb.address}
+
+    fleet.procs.kill(ra)  # SIGKILL: its heartbeat stays in the fleet store until its TTL
+    attacker = Attacker()
+    server = grpc.server(futures.ThreadPoolExecutor(8))
+    rollout_pb2_grpc.add_RolloutServiceServicer_to_server(attacker, server)
+    wait_until("the attacker to bind the dead replica's port",
+               lambda: server.add_insecure_port(ra.address or "") != 0, timeout_s=10)
+    server.start()
+    try:
+        assert ra.address in {r.address for r in pool.replicas()}  # still listed
+        requests = [group(seed=1_001_400 + i) for i in range(6)]
+        results = list(pool.run_groups(requests, max_in_flight=6))
+        assert assert_exactly_once(requests, results) == 12
+        assert {t.replica_id for _, ts in results for t in ts} == {"rb"}
+        assert all(t.reward <= 1.0 for _, ts in results for t in ts)  # no forged 10.0
+        assert attacker.calls > 0  # it was called: the port was really taken over ...
+        assert attacker.tokens and all(token not in v and not v.startswith("Bearer")
+                                       for v in attacker.tokens)  # ... and got no token
+    finally:
+        pool.close()
+        server.stop(0)
+    print(f"port takeover: {attacker.calls} calls reached the server on ra's port, 0 tokens "
+          f"({len(attacker.tokens)} one-call proofs), 0 of its answers accepted; 6 groups / "
+          "12 trajectories exactly once on rb")
+
+
 # -- 10: mTLS end to end ---------------------------------------------------------------
 
 

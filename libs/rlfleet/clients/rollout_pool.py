@@ -68,6 +68,7 @@ from rlfleet.rpc.errors import (
     Internal,
     ResourceExhausted,
     RpcError,
+    Unauthenticated,
     Unavailable,
     Unknown,
 )
@@ -96,6 +97,10 @@ RETRYABLE = (
     Internal,
     Unknown,
     FailedPrecondition,  # replica has not loaded the adapter yet
+    # A peer at a replica's address that does not prove it belongs to the fleet (its port
+    # taken over, rlfleet.rpc.callproof): its answer is refused and the group goes to
+    # another replica; a token wrong everywhere ends at max_attempts.
+    Unauthenticated,
 )
 
 
