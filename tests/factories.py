@@ -5,6 +5,8 @@ config files for a local fleet."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -149,3 +151,20 @@ def learner_config(stack: LocalStack, tmp_path: Path, run: str, model_dir: Path 
     path = tmp_path / f"{run}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+# The shipped SFT policy sampled hot (T = 3) in short episodes: 2 groups of 4 four-turn
+# episodes a step, so the format+task reward varies within every group and every step trains.
+HOT_SHORT_EPISODES = {"groups_per_step": 2, "group_size": 4, "max_turns": 4,
+                      "temperature": 3.0}
+
+
+def learner_process(config: Path, resume: str = "auto") -> subprocess.Popen:
+    """`rlfleet learner run --config CONFIG --resume RESUME` at WARNING, as the chart runs
+    it on every retry, in a process group of its own (a test may SIGKILL it whole, Ray
+    included); output captured as text."""
+    return subprocess.Popen([sys.executable, "-m", "rlfleet.cli", "learner", "run",
+                             "--config", str(config), "--resume", resume,
+                             "--log-level", "WARNING"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)

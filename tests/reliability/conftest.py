@@ -4,10 +4,12 @@ come back at the same address (as a Kubernetes Service keeps its address)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from rlfleet.local.procs import Proc, ProcessGroup, free_port, rlfleet_argv
 from rlfleet.local.redis import start_redis
 from rlfleet.rpc import RpcClient
 from rlfleet.rpc.health import check
-from rlfleet.storage import AdapterManifest, RunsRoot, publish_adapter_dir
+from rlfleet.storage import AdapterManifest, RunsRoot, list_checkpoints, publish_adapter_dir
 from rlfleet.v1 import (
     common_pb2,
     env_pb2,
@@ -273,3 +275,26 @@ def stream_code(address: str, request: rollout_pb2.GroupRequest, timeout_s: floa
     except grpc.RpcError as err:
         return err.code(), got, err.details() or ""
     return grpc.StatusCode.OK, got, ""
+
+
+def stopped_cleanly_after_step_1(config: Path, root: RunsRoot, run: str,
+                                 fault: Callable[[], object]) -> tuple[str, str]:
+    """Starts the learner on `config`, causes `fault()` once step 1 of `run` is
+    checkpointed, and checks the learner then stops cleanly: exit 3, one
+    "rlfleet learner: stopped: ..." line, no traceback. Returns (its output, that line)."""
+    from tests.factories import learner_process
+
+    proc = learner_process(config)
+    try:
+        wait_until("step 1 checkpointed", lambda: proc.poll() is None
+                   and 1 in list_checkpoints(root, run), timeout_s=600)
+        fault()
+        out, _ = proc.communicate(timeout=scaled(600))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 3, out
+    assert "Traceback" not in out, out
+    stops = [line for line in out.splitlines() if "rlfleet learner: stopped:" in line]
+    assert len(stops) == 1, out
+    return out, stops[0]

@@ -15,9 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,8 +25,9 @@ from rlfleet.local.metrics_jsonl import lineage_steps, read_events
 from rlfleet.local.stack import LocalStack, start_stack
 from rlfleet.storage import RunsRoot, list_checkpoints
 from tests import factories
-from tests.factories import NO_EVAL, SFT
-from tests.waits import scaled, wait_until
+from tests.factories import HOT_SHORT_EPISODES, NO_EVAL, SFT, learner_process
+from tests.reliability.conftest import stopped_cleanly_after_step_1
+from tests.waits import scaled
 
 RUN = "disk-full"
 STEPS = 3
@@ -75,40 +74,23 @@ def fill(disk: Path) -> Path:
     return junk
 
 
-def start(config: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rlfleet.cli", "learner", "run",
-                             "--config", str(config), "--resume", "auto",
-                             "--log-level", "WARNING"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-
-
 @pytest.mark.slow
 def test_a_full_disk_stops_the_learner_cleanly_and_the_rerun_resumes(
         stack: LocalStack, small_disk: Path, tmp_path: Path) -> None:
     config = factories.learner_config(
         stack, tmp_path, RUN, steps=STEPS, mode="sync",
-        data={"groups_per_step": 2, "group_size": 4, "max_turns": 4, "temperature": 3.0},
+        data=HOT_SHORT_EPISODES,
         eval=NO_EVAL, checkpoint={"every": 1, "keep_last": 3}, ray={"num_workers": 1},
         fleet={"max_groups_in_flight": 2})
     root = RunsRoot(stack.runs_root)
-    proc = start(config)
-    try:
-        wait_until("step 1 checkpointed", lambda: proc.poll() is None
-                   and 1 in list_checkpoints(root, RUN), timeout_s=600)
-        junk = fill(small_disk)
-        out, _ = proc.communicate(timeout=scaled(600))
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 3, out
-    assert "Traceback" not in out, out
-    stops = [line for line in out.splitlines() if "rlfleet learner: stopped:" in line]
-    assert len(stops) == 1 and "No space left on device" in stops[0], out
+    junk: list[Path] = []
+    out, stop = stopped_cleanly_after_step_1(
+        config, root, RUN, lambda: junk.append(fill(small_disk)))
+    assert "No space left on device" in stop, out
     assert list_checkpoints(root, RUN)[0] == 1  # nothing checkpointed was lost
 
-    junk.unlink()
-    proc = start(config)
+    junk[0].unlink()
+    proc = learner_process(config)
     out, _ = proc.communicate(timeout=scaled(900))
     assert proc.returncode == 0, out
     assert "Traceback" not in out, out

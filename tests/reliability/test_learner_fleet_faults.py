@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from rlfleet.local.metrics_jsonl import lineage_steps, read_events
 from rlfleet.local.stack import LocalStack, start_stack
 from rlfleet.storage import RunsRoot, list_checkpoints
 from tests import factories
-from tests.factories import NO_EVAL, SFT
+from tests.factories import NO_EVAL, SFT, learner_process
 from tests.waits import scaled, wait_until
 
 RUN = "fleet-faults"
@@ -45,14 +44,6 @@ def stack(tmp_path: Path, procs):  # noqa: ANN201
         if proc is not None and proc.alive:
             os.killpg(proc.popen.pid, signal.SIGCONT)
     s.close()
-
-
-def start(config: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rlfleet.cli", "learner", "run",
-                             "--config", str(config), "--resume", "auto",
-                             "--log-level", "WARNING"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
 
 
 def events_of(metrics: Path, kind: str) -> list[dict]:
@@ -80,7 +71,7 @@ def test_a_sync_learner_trains_on_without_lost_replicas_and_stops_cleanly_withou
     stalled = stack.replicas[1]
     assert stack.sync is not None
 
-    proc = start(config)
+    proc = learner_process(config)
     try:
         wait_until("step 1", lambda: stepped(metrics, proc, 1), timeout_s=600)
         os.killpg(stalled.popen.pid, signal.SIGSTOP)
@@ -110,7 +101,7 @@ def test_a_sync_learner_trains_on_without_lost_replicas_and_stops_cleanly_withou
     # both back: the deployed command resumes from that step and finishes the run
     os.killpg(stack.sync.popen.pid, signal.SIGCONT)
     os.killpg(stalled.popen.pid, signal.SIGCONT)
-    proc = start(config)
+    proc = learner_process(config)
     out, _ = proc.communicate(timeout=scaled(900))
     assert proc.returncode == 0, out
     assert [e["step"] for e in events_of(metrics, "resumed")] == [failed["step"]]

@@ -23,7 +23,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from rlfleet.storage import (
 from rlfleet.storage.checkpoints import OPTIMIZER_FILE
 from rlfleet_learner.cursor import SeedCursor
 from tests import factories
-from tests.factories import NO_EVAL, SFT
+from tests.factories import NO_EVAL, SFT, learner_process
 
 RUN = "restarts"
 STEPS = 8
@@ -63,14 +62,6 @@ def learner_config(stack: LocalStack, tmp_path: Path, mode: str) -> Path:
               "temperature": 3.0},
         eval=NO_EVAL, checkpoint={"every": 2, "keep_last": 3}, ray={"num_workers": 1},
         fleet={"max_groups_in_flight": 2})
-
-
-def start(config: Path, resume: str = "auto") -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rlfleet.cli", "learner", "run",
-                             "--config", str(config), "--resume", resume,
-                             "--log-level", "WARNING"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
 
 
 def wait_for_step(metrics: Path, proc: subprocess.Popen, after: int, step: int,
@@ -104,7 +95,7 @@ def test_stopped_killed_and_damaged_runs_resume_and_train_every_seed_once(
     outputs: list[str] = []
 
     # 1. SIGTERM at a random point after step 2 (waiting for rollouts or updating)
-    proc = start(config)
+    proc = learner_process(config)
     wait_for_step(metrics, proc, 0, 2)
     time.sleep(rng.uniform(0, 2))
     proc.send_signal(signal.SIGTERM)
@@ -117,7 +108,7 @@ def test_stopped_killed_and_damaged_runs_resume_and_train_every_seed_once(
     # 2. restarted: resumes there; SIGKILL of everything at a random point after its next
     # checkpoint (every 2 steps) and one more step
     first = event_count(metrics)
-    proc = start(config)
+    proc = learner_process(config)
     next_checkpoint = stopped[0]["step"] // 2 * 2 + 2
     assert next_checkpoint < STEPS
     wait_for_step(metrics, proc, first, next_checkpoint + 1)
@@ -138,7 +129,7 @@ def test_stopped_killed_and_damaged_runs_resume_and_train_every_seed_once(
     with open(metrics, "ab") as f:
         f.write(b'{"event": "step", "step": 99, "rew')
     second = event_count(metrics)
-    proc = start(config)
+    proc = learner_process(config)
     out, _ = proc.communicate(timeout=900)
     outputs.append(out)
     assert proc.returncode == 0, out
@@ -153,7 +144,7 @@ def test_stopped_killed_and_damaged_runs_resume_and_train_every_seed_once(
 
     # 4. a fresh start over the run refuses and changes nothing
     before = (metrics.read_bytes(), list_versions(root, RUN), list_checkpoints(root, RUN))
-    proc = start(config, resume="none")
+    proc = learner_process(config, resume="none")
     out, _ = proc.communicate(timeout=300)
     outputs.append(out)
     assert proc.returncode == 2, out

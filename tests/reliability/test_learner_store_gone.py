@@ -10,10 +10,6 @@ the step is trained; its publish cannot be recorded.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -24,8 +20,9 @@ from rlfleet.local.redis import start_redis
 from rlfleet.local.stack import LocalStack, start_stack
 from rlfleet.storage import RunsRoot, list_checkpoints
 from tests import factories
-from tests.factories import NO_EVAL, SFT
-from tests.waits import scaled, wait_until
+from tests.factories import HOT_SHORT_EPISODES, NO_EVAL, SFT, learner_process
+from tests.reliability.conftest import stopped_cleanly_after_step_1
+from tests.waits import scaled
 
 RUN = "store-gone"
 STEPS = 3
@@ -39,40 +36,22 @@ def stack(tmp_path: Path, procs):  # noqa: ANN201
     s.close()
 
 
-def start(config: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rlfleet.cli", "learner", "run",
-                             "--config", str(config), "--resume", "auto",
-                             "--log-level", "WARNING"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-
-
 @pytest.mark.slow
 def test_a_learner_whose_store_is_gone_stops_cleanly_and_resumes(
         stack: LocalStack, tmp_path: Path) -> None:
     config = factories.learner_config(
         stack, tmp_path, RUN, steps=STEPS, mode="sync",
-        data={"groups_per_step": 2, "group_size": 4, "max_turns": 4, "temperature": 3.0},
+        data=HOT_SHORT_EPISODES,
         eval=NO_EVAL, checkpoint={"every": 1, "keep_last": 3}, ray={"num_workers": 1},
         fleet={"max_groups_in_flight": 2, "publish_retry_s": 8})
     root = RunsRoot(stack.runs_root)
     (redis,) = [p for p in stack.group.procs if p.name == "redis"]
-    proc = start(config)
-    try:
-        wait_until("step 1 checkpointed", lambda: proc.poll() is None
-                   and 1 in list_checkpoints(root, RUN), timeout_s=600)
-        stack.group.kill(redis)  # SIGKILL: the fleet's store is gone
-        out, _ = proc.communicate(timeout=scaled(600))
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 3, out
-    assert "Traceback" not in out, out
-    stops = [line for line in out.splitlines() if "rlfleet learner: stopped:" in line]
+    # SIGKILL of Redis: the fleet's store is gone
+    out, stop = stopped_cleanly_after_step_1(config, root, RUN, lambda: stack.group.kill(redis))
     # ckpt-sync answers UNAVAILABLE once its Redis client gives up (~9 s); a call cut
     # short by the bound ends DEADLINE_EXCEEDED: both are transient, retried until then
-    assert len(stops) == 1 and "did not answer announcing adapter version" in stops[0] \
-        and ("UNAVAILABLE" in stops[0] or "DEADLINE_EXCEEDED" in stops[0]), out
+    assert "did not answer announcing adapter version" in stop \
+        and ("UNAVAILABLE" in stop or "DEADLINE_EXCEEDED" in stop), out
     events = read_events(root.metrics_path(RUN))
     (failed,) = [e for e in events if e["event"] == "failed"]
     assert failed["error"] == "PublishFailed"
@@ -80,7 +59,7 @@ def test_a_learner_whose_store_is_gone_stops_cleanly_and_resumes(
     assert list_checkpoints(root, RUN)[-1] == 2
 
     start_redis(stack.group, port=urlparse(stack.redis_url).port, name="redis-back")
-    proc = start(config)
+    proc = learner_process(config)
     out, _ = proc.communicate(timeout=scaled(900))
     assert proc.returncode == 0 and "Traceback" not in out, out
     events = read_events(root.metrics_path(RUN))
