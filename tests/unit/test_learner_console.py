@@ -61,13 +61,19 @@ def records():
     old_level = root.level
     root.addHandler(handler)
     root.setLevel(logging.DEBUG)
-    # transformers, once imported (by another test of this process), stops its loggers'
-    # records at its own root; rlfleet.logs.setup_logging undoes that in a learner
-    library = logging.getLogger("transformers")
-    old_propagate = library.propagate
-    library.propagate = True
+    # ray and transformers, once imported (by another test of this process), stop their
+    # loggers' records at their own roots (and a learner's set-up raises their levels);
+    # rlfleet.logs.setup_logging makes them propagate in a learner: here, for the capture
+    saved = []
+    for name in ("ray", "transformers"):
+        library = logging.getLogger(name)
+        saved.append((library, library.propagate, library.level, library.disabled))
+        library.propagate, library.disabled = True, False
+        library.setLevel(logging.NOTSET)
     yield handler.records
-    library.propagate = old_propagate
+    for library, propagate, level, disabled in saved:
+        library.propagate, library.disabled = propagate, disabled
+        library.setLevel(level)
     root.removeHandler(handler)
     root.setLevel(old_level)
 
