@@ -48,6 +48,10 @@ SC = grpc.StatusCode
 CLIENT_MISTAKE = {SC.OK, SC.INVALID_ARGUMENT, SC.NOT_FOUND, SC.FAILED_PRECONDITION,
                   SC.OUT_OF_RANGE, SC.RESOURCE_EXHAUSTED}
 RUN = "fz"
+# Every test here adds to TRIED and the last one checks it covers every method: the module
+# runs on one xdist worker, in order (and shares its services through module fixtures).
+pytestmark = pytest.mark.xdist_group("fuzz")
+
 TRIED: collections.Counter[str] = collections.Counter()
 CODES: collections.Counter[tuple[str, str]] = collections.Counter()
 
