@@ -18,10 +18,12 @@ the log.
 
 from __future__ import annotations
 
+import faulthandler
 import importlib.util
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -35,6 +37,8 @@ COMMON_KEYS = ("ts", "level", "service", "logger", "msg")
 # the JSON lines go to a log file) or "json" (a pod's log, a pipe: JSON lines only).
 # Unset, stderr being a terminal decides; a parent whose child's stderr is not the
 # terminal it prints on (`make run`) sets it for the child.
+# Like a JVM's: the signal that makes a service write every thread's stack to its log
+DUMP_STACKS_SIGNAL = signal.SIGQUIT
 CONSOLE_ENV = "RLFLEET_CONSOLE"
 CONSOLE_MODES = ("human", "json")
 
@@ -205,3 +209,6 @@ def setup_logging(service: str, level: str = "INFO") -> None:
     _configure_vllm(service, level)
     sys.excepthook = _log_uncaught
     threading.excepthook = _thread_hook
+    # `kill -QUIT PID` writes every thread's stack to stderr (the process keeps running):
+    # how a process that will not drain shows where it is stuck, e.g. before a SIGKILL
+    faulthandler.register(DUMP_STACKS_SIGNAL, all_threads=True, chain=False)

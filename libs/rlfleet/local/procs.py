@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from rlfleet.logs import DUMP_STACKS_SIGNAL
 from rlfleet.rpc.health import check
 
 # Ports for local services come from below the kernel's ephemeral range: every outgoing
@@ -31,6 +32,9 @@ from rlfleet.rpc.health import check
 PORT_BLOCK_ENV = "RLFLEET_PORT_BLOCK"
 PORT_FLOOR = 20000
 PORT_BLOCK_SIZE = 1500
+# How long a stopped process gets to drain before SIGKILL: longer than a service's own
+# drain grace (ServiceSettings.grace_s, 10 s), so a clean drain is never cut short
+STOP_GRACE_S = 30.0
 _port_lock = threading.Lock()
 _port_cursor: list[int] = []  # the next candidate's offset in this process's block
 
@@ -92,6 +96,13 @@ class Proc:
             return ""
 
 
+def _signal_group(proc: Proc, signum: int) -> None:
+    try:
+        os.killpg(proc.popen.pid, signum)
+    except ProcessLookupError:
+        pass
+
+
 class ProcessGroup:
     """`wait_scale` multiplies every readiness deadline: a caller on a busy machine (the
     test suite under load) gives its processes longer to come up, not less work."""
@@ -148,26 +159,28 @@ class ProcessGroup:
                 raise TimeoutError(f"{name} not ready after {timeout_s}s:\n{proc.log_tail()}")
             time.sleep(0.2)
 
-    def stop(self, proc: Proc, grace_s: float = 10.0) -> int | None:
+    def stop(self, proc: Proc, grace_s: float = STOP_GRACE_S) -> int | None:
+        """SIGTERM to the process group; after `grace_s` (times `wait_scale`) a stack dump
+        into the process's log (DUMP_STACKS_SIGNAL: where the drain is stuck), then
+        SIGKILL. Returns the exit code."""
         if proc.alive:
+            _signal_group(proc, signal.SIGTERM)
             try:
-                os.killpg(proc.popen.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.popen.wait(grace_s)
+                proc.popen.wait(grace_s * self.wait_scale)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.popen.pid, signal.SIGKILL)
+                _signal_group(proc, DUMP_STACKS_SIGNAL)
+                time.sleep(1.0)  # signals are asynchronous: let the dump land before the kill
+                _signal_group(proc, signal.SIGKILL)
                 proc.popen.wait()
         return proc.popen.returncode
 
     def kill(self, proc: Proc) -> None:
         """SIGKILL, no grace: for fault-injection tests."""
         if proc.alive:
-            os.killpg(proc.popen.pid, signal.SIGKILL)
+            _signal_group(proc, signal.SIGKILL)
             proc.popen.wait()
 
-    def stop_all(self, grace_s: float = 10.0) -> None:
+    def stop_all(self, grace_s: float = STOP_GRACE_S) -> None:
         for proc in reversed(self.procs):
             self.stop(proc, grace_s)
 
