@@ -52,7 +52,11 @@ _STD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"m
 
 
 def _redact(key: str, value: Any) -> Any:
-    return "***" if any(h in key.lower() for h in _SECRET_HINTS) else value
+    """Text under a key that hints at a secret, masked; a number under such a key is a
+    count or a measure (num_loss_tokens, tokens_per_s), never a secret, and stays."""
+    if isinstance(value, str | bytes) and any(h in key.lower() for h in _SECRET_HINTS):
+        return "***"
+    return value
 
 
 class JsonFormatter(logging.Formatter):

@@ -58,6 +58,13 @@ def group_indices(group_ids: Sequence[Hashable]) -> dict[Hashable, list[int]]:
     return groups
 
 
+def no_signal(group_rewards: npt.ArrayLike) -> bool:
+    """True for a group that carries no relative signal: fewer than two members, or all
+    rewards equal. Exact equality: rewards are sums of a few discrete components."""
+    g = np.asarray(group_rewards)
+    return bool(g.size < 2 or np.all(g == g.flat[0]))
+
+
 class NonFiniteRewards(ValueError):
     """Rewards the learner cannot compute advantages from (NaN, inf, or so large that the
     group's mean or std overflows)."""
@@ -95,9 +102,7 @@ def group_normalized_advantages(
     groups = group_indices(group_ids)
     for gid, idx in groups.items():
         g = r[idx]
-        # Exact equality: rewards are sums of a few discrete components; an all-equal group
-        # has no relative signal (and a group of one has no baseline at all).
-        if g.size < 2 or np.all(g == g[0]):
+        if no_signal(g):  # a group of one has no baseline at all
             zero_var[idx] = True
             degenerate.append(gid)
             continue
@@ -118,6 +123,31 @@ def group_normalized_advantages(
         zero_variance_groups=tuple(degenerate),
         num_groups=len(groups),
     )
+
+
+def turn_advantages(turn_rewards: Sequence[npt.ArrayLike], *, std_normalize: bool,
+                    eps: float) -> list[npt.NDArray[np.float64]]:
+    """Per-turn credit for one group: each turn's advantage is its return-to-go (its own
+    reward and every later one of its episode) minus the mean return-to-go, at the same
+    turn, of the group's episodes still playing then; divided by the std of the group's
+    episode returns (sample std, as ``grpo``) when ``std_normalize``.
+
+    So a good move in an episode that failed later still earns credit for what it closed,
+    where the episode's single reward would blame it with the rest. A turn that only one
+    episode reached has no baseline and gets 0. Hand-computed in the tests."""
+    rtg = [np.cumsum(np.asarray(r, dtype=np.float64)[::-1])[::-1] for r in turn_rewards]
+    longest = max((len(g) for g in rtg), default=0)
+    alive = [[g[t] for g in rtg if len(g) > t] for t in range(longest)]
+    baseline = np.array([np.mean(v) if len(v) > 1 else np.nan for v in alive])
+    returns = np.array([g[0] if len(g) else 0.0 for g in rtg])
+    scale = 1.0
+    if std_normalize and len(returns) > 1 and returns.std(ddof=1) > 0:
+        scale = returns.std(ddof=1) + eps
+    out = []
+    for g in rtg:
+        b = baseline[: len(g)]
+        out.append(np.where(np.isnan(b), 0.0, (g - np.nan_to_num(b)) / scale))
+    return out
 
 
 @register_advantage_estimator("grpo")

@@ -38,6 +38,11 @@ class GRPOConfig(ClosedModel):
     - ``micro_batch_size``: trajectories per forward/backward (gradient accumulation).
     - ``temperature``: the sampling temperature; logits are divided by it before computing
       the learner's logprobs so that the importance ratio compares like with like.
+    - ``credit``: ``episode`` trains every turn of a trajectory on its one advantage;
+      ``turn`` trains each turn on its return-to-go against the group's (per-turn credit,
+      ``advantages.turn_advantages``), from the reward service's split of the reward over
+      the turns (a reward that gives none, e.g. ``task``, is refused at the first step).
+      Per-turn credit applies to the per-turn contexts (one row per turn).
     """
 
     model_config = ConfigDict(frozen=True)  # and ClosedModel's: unknown keys refused
@@ -55,6 +60,7 @@ class GRPOConfig(ClosedModel):
     max_staleness: int = 1
     micro_batch_size: int = 8
     temperature: float = 1.0
+    credit: Literal["episode", "turn"] = "episode"
 
     @field_validator(*_REALS, mode="before")
     @classmethod

@@ -1,8 +1,12 @@
-"""Plots of a run: the learning curve (sampled reward per step, greedy eval solve rate)."""
+"""Plots of a run: the learning curve (sampled reward per step, greedy eval solve rate)
+and the held-out solve rate by shortest-path length at the start and the end."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+from rlfleet.maze.difficulty import BANDS
 
 
 def learning_curve(steps: list[dict], evals: list[dict], out: Path, title: str = "") -> Path:
@@ -11,7 +15,11 @@ def learning_curve(steps: list[dict], evals: list[dict], out: Path, title: str =
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    full = [e for e in evals if any(f"heldout_{key}" in e for key, _, _, _ in BANDS)]
+    fig = plt.figure(figsize=(8, 10 if full else 7))
+    grid = fig.add_gridspec(3 if full else 2, 1)
+    ax1 = fig.add_subplot(grid[0])
+    ax2 = fig.add_subplot(grid[1], sharex=ax1)
     if steps:
         xs = [s["step"] for s in steps]
         ax1.plot(xs, [s["reward_mean"] for s in steps], label="mean reward (sampled)",
@@ -42,9 +50,30 @@ def learning_curve(steps: list[dict], evals: list[dict], out: Path, title: str =
     ax2.set_xlabel("GRPO step")
     ax2.grid(alpha=0.3)
     ax2.legend(loc="lower right")
+    if full:
+        by_length(fig.add_subplot(grid[2]), full[0], full[-1])
     if title:
         fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def by_length(ax: Any, start: dict, end: dict) -> None:
+    """Bars of the held-out solve rate per band of shortest-path length, start and end."""
+    bands = [(key, label) for key, label, _, _ in BANDS
+             if f"heldout_{key}" in start and f"heldout_{key}" in end]
+    xs = range(len(bands))
+    for offset, (doc, color) in enumerate(((start, "#8c8c8c"), (end, "#d65f5f"))):
+        rates = [100 * doc[f"heldout_{key}"]["solve_rate"] for key, _ in bands]
+        errs = [100 * doc[f"heldout_{key}"]["solve_rate_se"] for key, _ in bands]
+        ax.bar([x + (offset - 0.5) * 0.4 for x in xs], rates, width=0.4, yerr=errs,
+               capsize=3, color=color, label=f"step {doc['step']}")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([f"{label}\n({start[f'heldout_{key}']['episodes']} mazes)"
+                        for key, label in bands])
+    ax.set_ylabel("held-out greedy solve (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(loc="upper right")

@@ -34,6 +34,7 @@ from rlfleet.local.metrics_jsonl import read_events
 from rlfleet.local.plots import learning_curve
 from rlfleet.local.stack import start_stack
 from rlfleet.logs import CONSOLE_ENV, human_console
+from rlfleet.maze.difficulty import BANDS
 from rlfleet.policy.profiles import resolve_model_dir
 
 # Relative to the current directory: `make run` runs from the repository root, and an
@@ -94,8 +95,20 @@ def _table(first: dict, last: dict) -> str:
                              f"{100 * (y - x):>+9.1f}pt")
             else:
                 lines.append(f"{label_:<28}{x:>16.2f}{y:>16.2f}{y - x:>+10.2f}")
+    for key, label, _, _ in BANDS:  # the held-out mazes by shortest-path length
+        name = f"heldout_{key}"
+        if name in first and name in last:
+            a, b = first[name], last[name]
+            row = f"  {label} ({a['episodes']})"
+            lines.append(f"{row:<28}{100 * a['solve_rate']:>15.1f}%"
+                         f"{100 * b['solve_rate']:>15.1f}%"
+                         f"{100 * (b['solve_rate'] - a['solve_rate']):>+9.1f}pt")
     return "\n".join(lines)
 
+
+# The sets the summary keeps, start and end: the eval and held-out mazes, and the
+# held-out ones by shortest-path length
+SUMMARY_SETS = ("eval", "heldout", *(f"heldout_{key}" for key, _, _, _ in BANDS))
 
 # What issue #9 asks of the local run, beside what it measured.
 SIGNAL_TARGET_PER_MIN = 3 * 133  # 3x the 133 signal trajectories/min of the first version
@@ -168,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
                              "directory)")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--reward", default="task",
+                        help="the reward function the fleet scores with, by name "
+                             "(default: %(default)s)")
     parser.add_argument("--run", default=None, help="run id (default: local-<time>)")
     parser.add_argument("--runs-root", type=Path, default=DEFAULT_RUNS_ROOT,
                         help="where the run's directory is made (default: %(default)s, from "
@@ -208,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     token = fleet_token("none") or secrets.token_hex(16)
     os.environ[TOKEN_NAME] = token
     stack = start_stack(run_dir, runs_root=runs_root, run=run, model_dir=model_dir,
-                        replicas=args.replicas, token=token,
+                        replicas=args.replicas, token=token, reward=args.reward,
                         log=lambda m: print(f"  {m}", flush=True))
     learner_rc = 1
     try:
@@ -258,10 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         "wall_clock_s": round(wall, 1),
         "replicas": args.replicas,
         "config": cfg,
-        "before": {k: before[k] for k in ("eval", "heldout") if k in before},
-        "after": {k: after[k] for k in ("eval", "heldout") if k in after},
+        "before": {k: before[k] for k in SUMMARY_SETS if k in before},
+        "after": {k: after[k] for k in SUMMARY_SETS if k in after},
         "change_points": {k: round(100 * (after[k]["solve_rate"] - before[k]["solve_rate"]), 2)
-                          for k in ("eval", "heldout") if k in before and k in after},
+                          for k in SUMMARY_SETS if k in before and k in after},
         "per_step": step_breakdown(steps, evals),
         "calibration": calibration,
         "pool_retries": end.get("pool_retries", {}),

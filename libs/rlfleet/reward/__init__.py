@@ -73,13 +73,19 @@ class Score:
     reward: float
     components: Mapping[str, float] = field(default_factory=dict)
     solved: bool = False
+    # The reward split over the turns, one per action in order, summing to `reward`
+    # (per-turn credit: the learner can train each turn on what followed it); empty: the
+    # reward credits the episode as a whole
+    turn_rewards: Sequence[float] = ()
 
-    def checked(self, where: str, reward_range: tuple[float, float] = (-math.inf, math.inf)
-                ) -> Score:
-        """This score if every number is finite and the reward lies in `reward_range`
-        (inclusive); ValueError naming `where` and the value otherwise."""
+    def checked(self, where: str, reward_range: tuple[float, float] = (-math.inf, math.inf),
+                turns: int | None = None) -> Score:
+        """This score if every number is finite, the reward lies in `reward_range`
+        (inclusive) and the turn rewards (if any) are one per turn (`turns`, when given)
+        and sum to the reward; ValueError naming `where` and the value otherwise."""
         numbers = {"reward": self.reward, **{f"components[{k!r}]": v
-                                              for k, v in self.components.items()}}
+                                              for k, v in self.components.items()},
+                   **{f"turn_rewards[{i}]": v for i, v in enumerate(self.turn_rewards)}}
         for what, value in numbers.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value):
@@ -90,6 +96,14 @@ class Score:
                              f"[{low:g}, {high:g}]")
         if not all(isinstance(k, str) and k for k in self.components):
             raise ValueError(f"{where}: component names must be non-empty strings")
+        if self.turn_rewards:
+            if turns is not None and len(self.turn_rewards) != turns:
+                raise ValueError(f"{where}: {len(self.turn_rewards)} turn rewards for "
+                                 f"{turns} turns; give one per turn, or none")
+            total = math.fsum(self.turn_rewards)
+            if not math.isclose(total, self.reward, rel_tol=1e-9, abs_tol=1e-9):
+                raise ValueError(f"{where}: turn rewards sum to {total!r}, not the reward "
+                                 f"{self.reward!r}")
         return self
 
 

@@ -74,7 +74,8 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
             score = self._score(episode, scores_of)
             scores.append({"reward": float(score.reward),
                            "components": {k: float(v) for k, v in score.components.items()},
-                           "solved": bool(score.solved)})
+                           "solved": bool(score.solved),
+                           "turn_rewards": [float(v) for v in score.turn_rewards]})
         return reward_pb2.ScoreResponse(scores=scores, info=self.info)
 
     def _score(self, episode: Episode, where: str) -> Score:
@@ -88,7 +89,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         if not isinstance(score, Score):
             raise ScoreFailed(f"{where} returned {score!r}, not an rlfleet.reward.Score")
         try:
-            return score.checked(where, self.reward.reward_range)
+            return score.checked(where, self.reward.reward_range, len(episode.actions))
         except (ValueError, TypeError) as exc:
             raise ScoreFailed(str(exc)) from exc
 

@@ -58,6 +58,10 @@ class DataConfig(ClosedModel):
     context: Literal[CONTEXTS] = "last_frame"  # type: ignore[valid-type]  # the proto enum
     groups_per_step: int = Field(8, ge=1)
     group_size: int = Field(8, ge=1, le=64)
+    # dynamic sampling (rlfleet_learner.dynamic_sampling): a step draws groups until
+    # groups_per_step of them carry signal, at most this many in all; 0 (or anything up
+    # to groups_per_step): a step trains on the groups_per_step groups it drew
+    max_groups_per_step: int = Field(0, ge=0, le=1024)
     temperature: float = Field(1.0, gt=0, le=5)
     max_new_tokens: int = Field(4, ge=1, le=4096)
 

@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from rlfleet.logs import JsonFormatter, is_library_logger, setup_logging
+from rlfleet.maze.difficulty import BANDS
 from rlfleet.storage import PathOutsideRunsRoot, RunsRoot
 
 CONSOLE_ATTR = "_console"  # a record's human rendering: a callable returning the text
 PHASES = ("rollout", "score", "update", "publish")
-EVAL_SETS = ("eval", "heldout", "heldout_curve")
+# the held-out set, then its bands of shortest-path length (rlfleet.maze.difficulty)
+EVAL_SETS = ("eval", "heldout", *(f"heldout_{key}" for key, _, _, _ in BANDS), "heldout_curve")
 
 
 def step_line(doc: Mapping[str, Any], steps: int | None = None) -> str:
@@ -40,11 +42,11 @@ def eval_table(doc: Mapping[str, Any]) -> str:
     sets = [name for name in EVAL_SETS if isinstance(doc.get(name), Mapping)]
     head = (f"eval at step {doc['step']} (adapter v{doc['version']}, "
             f"{doc.get('seconds', 0.0):.1f}s)")
-    lines = [head, f"  {'set':<14}{'mazes':>6}{'solved':>9}{'± se':>7}{'pass@1':>8}"
+    lines = [head, f"  {'set':<20}{'mazes':>6}{'solved':>9}{'± se':>7}{'pass@1':>8}"
                    f"{'turns':>7}"]
     for name in sets:
         s = doc[name]
-        lines.append(f"  {name:<14}{s.get('episodes', 0):>6}"
+        lines.append(f"  {name:<20}{s.get('episodes', 0):>6}"
                      f"{100 * s.get('solve_rate', 0.0):>8.1f}%"
                      f"{100 * s.get('solve_rate_se', 0.0):>6.1f}%"
                      f"{100 * s.get('pass_at_1', 0.0):>7.1f}%"

@@ -9,6 +9,7 @@ import statistics
 from collections.abc import Callable
 
 from rlfleet.clients.rollout_pool import RolloutPool
+from rlfleet.maze.difficulty import BANDS, band, shortest_moves
 from rlfleet.maze.tasks import EVAL_SEEDS, HELDOUT_SEEDS
 from rlfleet_learner.config import LearnerConfig
 from rlfleet_learner.requests import eval_episode
@@ -29,6 +30,17 @@ def summarize(trajectories: list) -> dict[str, float]:
         "mean_reward": statistics.fmean(t.reward for t in trajectories),
         "mean_turns": statistics.fmean(len(t.turns) for t in trajectories),
     }
+
+
+def by_length(name: str, seeds: list[int], by_seed: dict[int, object], size: int
+              ) -> dict[str, dict]:
+    """The set's solve rate in each band of shortest-path length (e.g. heldout_moves_ge12);
+    bands with no maze of this size are left out."""
+    members: dict[str, list[int]] = {}
+    for seed in seeds:
+        members.setdefault(band(shortest_moves(seed, size)), []).append(seed)
+    return {f"{name}_{key}": summarize([by_seed[s] for s in members[key]])
+            for key, _, _, _ in BANDS if key in members}
 
 
 def evaluate(pool: RolloutPool, cfg: LearnerConfig, version: int,
@@ -57,6 +69,8 @@ def evaluate(pool: RolloutPool, cfg: LearnerConfig, version: int,
             progress(len(by_seed), total)
     result = {name: summarize([by_seed[s] for s in seeds]) for name, seeds in sets.items()
               if seeds}
+    if not heldout_only and sets["heldout"]:
+        result.update(by_length("heldout", sets["heldout"], by_seed, cfg.data.size))
     curve = cfg.eval.curve_heldout
     if not heldout_only and 0 < curve < len(sets["heldout"]):
         # The periodic points' subset, read off the full evaluation: the learning curve

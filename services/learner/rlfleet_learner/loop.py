@@ -47,6 +47,7 @@ from rlfleet.v1 import rollout_pb2
 from rlfleet_learner.config import LearnerConfig
 from rlfleet_learner.console import eval_table, step_line
 from rlfleet_learner.cursor import SeedCursor
+from rlfleet_learner.dynamic_sampling import NoSignalWatch, draw_groups
 from rlfleet_learner.evaluation import evaluate
 from rlfleet_learner.faults import BadRewards, FleetFailure, disk_failure
 from rlfleet_learner.feed import Group, GroupFeed
@@ -58,7 +59,12 @@ from rlfleet_learner.reporting import (
     start_line,
 )
 from rlfleet_learner.requests import sampling_seed, train_group
-from rlfleet_learner.samples import build_rows, segment_rows, trajectory_sample
+from rlfleet_learner.samples import (
+    NoTurnRewards,
+    build_rows,
+    segment_rows,
+    trajectory_sample,
+)
 from rlfleet_learner.tensorboard import TensorBoardLog
 from rlfleet_learner.workers import TrainerGroup
 
@@ -142,6 +148,7 @@ class Learner:
                                                      timeout_s=60, tls=tls),
                                           announce_retry_s=cfg.fleet.publish_retry_s)
         self.state = State(cursor=SeedCursor(cfg.data.size))
+        self.no_signal = NoSignalWatch()
         checkpoint = self._find_checkpoint(resume)
         # Said before the model loads (minutes on a big one): which attempt this is.
         log.info(start_line(cfg.run, resume, checkpoint.step if checkpoint else None,
@@ -268,20 +275,26 @@ class Learner:
                            min_version=min_version, sampling_seed=sampling)
 
     def _sync_groups(self, step: int) -> list[Group] | None:
-        """This step's groups, sampled with the current version; None if stopped."""
-        seeds = self.state.cursor.next_seeds(self.cfg.data.groups_per_step)
-        requests = [self._request(step, g, seed, self.state.version)
-                    for g, seed in enumerate(seeds)]
-        feed = GroupFeed(self.pool, requests,
-                         max_in_flight=self.cfg.fleet.max_groups_in_flight)
-        try:
-            groups = feed.take(len(requests), self.stop)
-        finally:
-            feed.close()
-        if groups is None:
-            return None
-        order = {r.idempotency_key: i for i, r in enumerate(requests)}
-        return sorted(groups, key=lambda g: order[g[0].idempotency_key])
+        """This step's groups, sampled with the current version (drawn on while too few
+        carry signal, data.max_groups_per_step); None if stopped."""
+
+        def take(first: int, count: int) -> list[Group] | None:
+            seeds = self.state.cursor.next_seeds(first + count)[first:]
+            requests = [self._request(step, first + g, seed, self.state.version)
+                        for g, seed in enumerate(seeds)]
+            feed = GroupFeed(self.pool, requests,
+                             max_in_flight=self.cfg.fleet.max_groups_in_flight)
+            try:
+                groups = feed.take(len(requests), self.stop)
+            finally:
+                feed.close()
+            if groups is None:
+                return None
+            order = {r.idempotency_key: i for i, r in enumerate(requests)}
+            return sorted(groups, key=lambda g: order[g[0].idempotency_key])
+
+        return draw_groups(take, self.cfg.data.groups_per_step,
+                           self.cfg.data.max_groups_per_step)
 
     def _async_requests(self) -> Iterator[rollout_pb2.GroupRequest]:
         """Endless requests over the untrained seeds, each asking for a version at most
@@ -406,8 +419,12 @@ class Learner:
         """One optimiser step; False if a stop came before its rollouts were all in."""
         t0 = time.perf_counter()
         step = self.state.step
-        groups = feed.take(self.cfg.data.groups_per_step, self.stop) if feed else \
-            self._sync_groups(step)
+        if feed is None:
+            groups = self._sync_groups(step)
+        else:
+            groups = draw_groups(lambda _, count: feed.take(count, self.stop),
+                                 self.cfg.data.groups_per_step,
+                                 self.cfg.data.max_groups_per_step)
         if groups is None:
             self._event("abandoned", step=step + 1, reason="stop while waiting for rollouts")
             return False
@@ -416,7 +433,7 @@ class Learner:
         try:
             rows, batch, signal = build_rows(keyed, self.state.version, self.cfg.grpo,
                                              self.vision_ids)
-        except NonFiniteRewards as exc:  # nothing trained: the step's seeds stay untrained
+        except (NonFiniteRewards, NoTurnRewards) as exc:  # nothing trained: seeds stay untrained
             raise BadRewards(f"step {step + 1}: {exc}") from exc
         trajectories = [t for _, ts in keyed for t in ts]
         t2 = time.perf_counter()
@@ -442,6 +459,9 @@ class Learner:
         t4 = time.perf_counter()
         self.state.signal_trajectories += signal
         self.state.train_seconds += t4 - t0
+        warning = self.no_signal.observe(self.state.step, groups)
+        if warning:
+            log.warning(warning)
         n = max(len(trajectories), 1)
         phases = {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2, "publish": t4 - t3}
         doc = {

@@ -17,6 +17,7 @@ from dataclasses import replace
 import numpy as np
 
 from rlfleet.grpo import BatchStats, GRPOConfig, NonFiniteRewards, TrainSample, prepare_batch
+from rlfleet.grpo.advantages import turn_advantages
 from rlfleet.v1 import rollout_pb2
 
 
@@ -47,14 +48,16 @@ def row_key(sample: TrainSample) -> Hashable:
             tuple(sample.extras["image_keys"]))
 
 
-def segment_rows(sample: TrainSample) -> list[TrainSample]:
-    """The sample split at its trajectory's segment starts, images split alongside."""
+def segment_rows(sample: TrainSample, advantages: Sequence[float] | None = None
+                 ) -> list[TrainSample]:
+    """The sample split at its trajectory's segment starts, images split alongside; with
+    `advantages` (one per segment: per-turn credit) each row gets its segment's."""
     t: rollout_pb2.Trajectory = sample.extras["trajectory"]
     images = trajectory_pngs(t)
     keys = [img.sha256 for img in t.images]
     bounds = [*(t.segment_starts or [0]), len(t.token_ids)]
     rows = []
-    for start, end in zip(bounds, bounds[1:], strict=False):
+    for k, (start, end) in enumerate(zip(bounds, bounds[1:], strict=False)):
         first = sum(1 for off in t.image_token_offsets if off < start)
         count = sum(1 for off in t.image_token_offsets if start <= off < end)
         mask = sample.loss_mask[start:end]
@@ -68,8 +71,39 @@ def segment_rows(sample: TrainSample) -> list[TrainSample]:
             extras={"images": images[first:first + count],
                     "image_keys": keys[first:first + count]},
             sequence_loss_tokens=sample.num_loss_tokens,
+            advantage=sample.advantage if advantages is None else float(advantages[k]),
         ))
     return rows
+
+
+class NoTurnRewards(ValueError):
+    """Per-turn credit asked for, and the reward gave no split over the turns."""
+
+
+def turn_credit(kept: Sequence[TrainSample], cfg: GRPOConfig) -> dict[Hashable, list[float]]:
+    """Per-turn advantages (grpo.credit "turn") of the kept samples, by sequence key: one
+    per segment, from the reward service's turn rewards (one per turn, so one per segment
+    in the per-turn contexts)."""
+    groups: dict[Hashable, list[TrainSample]] = {}
+    for sample in kept:
+        groups.setdefault(sample.group_id, []).append(sample)
+    out: dict[Hashable, list[float]] = {}
+    for members in groups.values():
+        splits = []
+        for sample in members:
+            t: rollout_pb2.Trajectory = sample.extras["trajectory"]
+            segments = len(t.segment_starts or [0])
+            if len(t.turn_rewards) != segments:
+                raise NoTurnRewards(
+                    f"grpo.credit is 'turn', but reward {t.reward_name!r} {t.reward_version} "
+                    f"split trajectory {sample.sequence_key} into {len(t.turn_rewards)} turn "
+                    f"rewards for {segments} turns: per-turn credit needs a reward that "
+                    "splits over the turns (e.g. 'progress') and a per-turn context")
+            splits.append(list(t.turn_rewards))
+        for sample, advantages in zip(members, turn_advantages(
+                splits, std_normalize=cfg.std_normalize, eps=cfg.eps), strict=True):
+            out[sample.sequence_key] = advantages.tolist()
+    return out
 
 
 def generated_vision_tokens(t: rollout_pb2.Trajectory, vision_ids: set[int]) -> bool:
@@ -84,9 +118,10 @@ def check_finite_rewards(
     reward is NaN or inf: checked before advantages, whatever the reward service let by."""
     for key, trajectories in groups:
         for t in trajectories:
-            if not math.isfinite(t.reward):
+            if not (math.isfinite(t.reward) and all(map(math.isfinite, t.turn_rewards))):
                 raise NonFiniteRewards(
-                    f"group {key} index {t.index}: reward {t.reward!r} from reward "
+                    f"group {key} index {t.index}: reward {t.reward!r} (turn rewards "
+                    f"{list(t.turn_rewards)}) from reward "
                     f"{t.reward_name!r} {t.reward_version} (replica {t.replica_id!r}) is not "
                     "a finite number; refusing to compute advantages from it")
 
@@ -104,5 +139,7 @@ def build_rows(
     samples = [trajectory_sample(t, key) for key, trajectories in groups for t in trajectories
                if sum(t.loss_mask) > 0 and not generated_vision_tokens(t, vision_ids)]
     kept, stats = prepare_batch(samples, current_version, cfg)
-    rows = [row for sample in kept for row in segment_rows(sample)]
+    per_turn = turn_credit(kept, cfg) if cfg.credit == "turn" else {}
+    rows = [row for sample in kept
+            for row in segment_rows(sample, per_turn.get(sample.sequence_key))]
     return rows, stats, sum(1 for s in kept if s.advantage)

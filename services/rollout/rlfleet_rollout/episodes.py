@@ -329,6 +329,7 @@ class GroupPlayer:
                 replica_id=self.replica_id,
                 reward_name=scored.info.name,
                 reward_version=scored.info.version,
+                turn_rewards=score.turn_rewards,
                 prompt_tokens=buf.turns[0].start if buf.turns else buf.length,
                 image_token_offsets=[i for i, t in enumerate(buf.token_ids)
                                      if t == vision_start and not buf.loss_mask[i]],
