@@ -1,5 +1,5 @@
 """Writes the learner's config schema into the chart's values.schema.json: `learner.config`
-is checked against the JSON Schema of `LearnerConfig` (services/learner), so `helm lint
+is checked against the JSON Schema of `LearnerConfig` (rlfleet.learner_config), so `helm lint
 --strict` and `helm install` refuse a config the learner would refuse at start-up (a
 misspelt key, a string where a section belongs) instead of a learner pod crash-looping.
 `rollout.engine`'s names come from the same definition as the replica's (rlfleet.names).
@@ -20,7 +20,7 @@ PREFIX = "learnerConfig"
 
 def learner_definitions() -> dict:
     """LearnerConfig's JSON Schema as draft-07 definitions named learnerConfig*."""
-    from rlfleet_learner.config import LearnerConfig
+    from rlfleet.learner_config import LearnerConfig
 
     schema = LearnerConfig.model_json_schema(ref_template=f"#/definitions/{PREFIX}{{model}}")
     defs = {f"{PREFIX}{name}": body for name, body in schema.pop("$defs", {}).items()}
@@ -35,7 +35,7 @@ def updated(values_schema: dict) -> dict:
     out["definitions"] = dict(sorted(defs.items()))
     out["properties"]["learner"]["properties"]["config"] = {
         "$ref": f"#/definitions/{PREFIX}",
-        "description": "a LearnerConfig (from services/learner/rlfleet_learner/config.py)",
+        "description": "a LearnerConfig (from libs/rlfleet/learner_config.py)",
     }
     # the engine names are defined once, as the proto enum Engine (rlfleet.names)
     from rlfleet.names import ENGINE_NAMES

@@ -96,7 +96,7 @@ def test_a_service_setting_is_the_same_from_file_env_and_flags(
 def test_the_learner_config_is_the_same_from_file_env_and_flags(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from rlfleet_learner.cli import learner_config
-    from rlfleet_learner.config import LearnerConfig
+    from rlfleet.learner_config import LearnerConfig
 
     file_values, env_values, flags = LEARNER
     empty = write(tmp_path / "empty.yaml", {})

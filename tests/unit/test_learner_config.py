@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rlfleet.config import ConfigError, load_config
-from rlfleet_learner.config import LearnerConfig
+from rlfleet.learner_config import LearnerConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

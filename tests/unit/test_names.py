@@ -10,6 +10,7 @@ import pytest
 
 from rlfleet.cliargs import field_choices
 from rlfleet.engines import ENGINES
+from rlfleet.learner_config import DataConfig
 from rlfleet.maze.actions import FORMAT_PROFILES, resolve_format
 from rlfleet.names import (
     ACTION_FORMATS,
@@ -22,7 +23,6 @@ from rlfleet.names import (
 from rlfleet.policy.contexts import CONTEXTS as POLICY_CONTEXTS
 from rlfleet.policy.contexts import FULL_HISTORY_CONTEXTS, PER_TURN_CONTEXTS
 from rlfleet.v1 import common_pb2
-from rlfleet_learner.config import DataConfig
 from rlfleet_rollout.settings import RolloutSettings
 
 

@@ -34,7 +34,7 @@ ENV_ALIASES = {
 def learner_config(path: str | Path, env: Mapping[str, str], **flags: object):  # noqa: ANN201
     """The learner config: the YAML file, then the environment, then flags (steps, run)."""
     from rlfleet.config import ConfigError, load_config, read_config_file
-    from rlfleet_learner.config import LearnerConfig
+    from rlfleet.learner_config import LearnerConfig
 
     # A deployment names the run (the chart's RLFLEET_RUN); a config file that names
     # another would be renamed behind its author's back: refuse instead.

@@ -9,8 +9,8 @@ import statistics
 from collections.abc import Callable
 
 from rlfleet.clients.rollout_pool import RolloutPool
+from rlfleet.learner_config import LearnerConfig
 from rlfleet.maze.tasks import EVAL_SEEDS, HELDOUT_SEEDS
-from rlfleet_learner.config import LearnerConfig
 from rlfleet_learner.requests import eval_episode
 
 

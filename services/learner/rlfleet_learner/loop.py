@@ -44,7 +44,7 @@ from rlfleet.storage import (
 )
 from rlfleet.storage.jsonl import append_json_line
 from rlfleet.v1 import rollout_pb2
-from rlfleet_learner.config import LearnerConfig
+from rlfleet.learner_config import LearnerConfig
 from rlfleet_learner.console import eval_table, step_line
 from rlfleet_learner.cursor import SeedCursor
 from rlfleet_learner.evaluation import evaluate
