@@ -239,3 +239,20 @@ def add_common_args(parser: argparse.ArgumentParser, settings: SettingsRef | typ
                         default=None,
                         help="serve without the shared token (default: the token "
                              "RLFLEET_AUTH_TOKEN[_FILE] is required)")
+
+
+def add_learner_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of `rlfleet learner run` that set its config (rlfleet.learner_config:
+    `flag_overrides` reads them), above the file and the environment."""
+    parser.add_argument("--config", required=True, metavar="FILE",
+                        help="learner YAML (see configs/)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps to train (default: the config's)")
+    parser.add_argument("--run", default=None, help="run name (default: the config's)")
+    add_set_flag(parser)
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="Prometheus port, metrics.port (above RLFLEET_METRICS_PORT; "
+                             "default: the config's, else no endpoint)")
+    parser.add_argument("--metrics-host", default=None,
+                        help="address of the metrics endpoint, metrics.host (above "
+                             "RLFLEET_HOST; default: the config's, 127.0.0.1)")

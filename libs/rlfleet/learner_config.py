@@ -1,14 +1,28 @@
-"""The learner's typed configuration (one YAML file; see configs/)."""
+"""The learner's typed configuration (one YAML file; see configs/) and its loading.
+
+It lives in the library, beside the services' settings (rlfleet.service), so the learner,
+`make run`, the tests and the chart's schema build it one way: `load_learner_config`,
+file < environment < flags for every field, as every service's settings.
+"""
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from rlfleet import defaults
-from rlfleet.config import ClosedModel
+from rlfleet.config import (
+    ClientTls,
+    ClosedModel,
+    ConfigError,
+    load_config,
+    merged,
+    read_config_file,
+)
 from rlfleet.grpo import GRPOConfig
 from rlfleet.maze.tasks import EVAL_SEEDS, HELDOUT_SEEDS
 from rlfleet.names import CONTEXTS
@@ -146,6 +160,11 @@ class RayConfig(ClosedModel):
     object_store_mb: int = Field(256, ge=64)
 
 
+class MetricsConfig(ClosedModel):
+    host: str = "127.0.0.1"  # the chart's RLFLEET_HOST: 0.0.0.0, the pod's address
+    port: int | None = Field(None, ge=0, le=65535)  # None: no Prometheus endpoint
+
+
 class LearnerConfig(ClosedModel):
     run: str = "local"
     seed: int = 0
@@ -165,11 +184,15 @@ class LearnerConfig(ClosedModel):
     checkpoint: CheckpointConfig = CheckpointConfig()
     fleet: FleetConfig = FleetConfig()
     ray: RayConfig = RayConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    tls: ClientTls = ClientTls()  # the learner's clients of ckpt-sync and the replicas
 
     @model_validator(mode="after")
     def _check(self) -> LearnerConfig:
         if "temperature" not in self.grpo.model_fields_set:
             self.grpo = self.grpo.model_copy(update={"temperature": self.data.temperature})
+            # still unset: a dump of the fields set (`updated`) keeps following data's
+            self.grpo.model_fields_set.discard("temperature")
         elif self.grpo.temperature != self.data.temperature:
             raise ValueError(
                 f"grpo.temperature={self.grpo.temperature:g} differs from "
@@ -192,3 +215,60 @@ class LearnerConfig(ClosedModel):
         if m.device == "cpu" and m.torch_dtype() == "float16":
             raise ValueError("model.dtype float16 on device cpu: CPUs train in float32 or "
                              "bfloat16 (float16 is for GPUs)")
+
+
+# Every field reads RLFLEET_<FIELD> / RLFLEET_<SECTION>__<FIELD> (rlfleet.config). These
+# shorter names are the ones a deployment sets for every pod (the Helm chart does), read
+# below those: the fleet's addresses, the metrics endpoint and TLS belong to the
+# deployment, not to the training recipe; the names are the services' own.
+ENV_ALIASES = {
+    "RLFLEET_REDIS_URL": "fleet.redis_url",
+    "RLFLEET_SYNC_ADDRESS": "fleet.sync_address",
+    "RLFLEET_RUNS_ROOT": "fleet.runs_root",
+    "RLFLEET_MODEL": "model.path",
+    "RLFLEET_HOST": "metrics.host",
+    "RLFLEET_METRICS_PORT": "metrics.port",
+    "RLFLEET_TLS_CA": "tls.ca",
+    "RLFLEET_TLS_CLIENT_CA": "tls.client_ca",
+    "RLFLEET_TLS_CERT": "tls.cert",
+    "RLFLEET_TLS_KEY": "tls.key",
+}
+
+
+def load_learner_config(path: str | Path, env: Mapping[str, str] | None = None,
+                        **flags: Any) -> LearnerConfig:
+    """The learner config: the YAML file, then the environment (`env`, default
+    os.environ), then `flags` (nested mappings: {"metrics": {"port": 9104}})."""
+    import os
+
+    env = os.environ if env is None else env
+    # A deployment names the run (the chart's RLFLEET_RUN); a config file that names
+    # another would be renamed behind its author's back: refuse instead.
+    named = read_config_file(path).get("run")
+    if env.get("RLFLEET_RUN") and named and env["RLFLEET_RUN"] != named:
+        raise ConfigError(
+            f"{path} names the run {named!r} but RLFLEET_RUN={env['RLFLEET_RUN']!r}: "
+            "give both the same name, or drop `run` from the file (the chart's `run` value "
+            "sets RLFLEET_RUN)")
+    return load_config(LearnerConfig, path, overrides=flags, env=env, aliases=ENV_ALIASES,
+                       what=f"learner configuration {path}")
+
+
+def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The config that the flags of `rlfleet.cliargs.add_learner_args` set: `--set`, then
+    the named flags above it (as a service's, rlfleet.service.load_settings)."""
+    from rlfleet.cliargs import assignments
+
+    metrics = {"host": args.metrics_host, "port": args.metrics_port}
+    named = {"steps": args.steps, "run": args.run,
+             "metrics": {k: v for k, v in metrics.items() if v is not None}}
+    return merged(assignments(args.set_values),
+                  {k: v for k, v in named.items() if v not in (None, {})})
+
+
+def updated(cfg: LearnerConfig, changes: Mapping[str, Any],
+            replace: Mapping[str, Any] | None = None) -> LearnerConfig:
+    """`cfg` with `changes` merged in (a section's other fields kept) and the top-level
+    keys or whole sections of `replace` replaced, checked again as a new config."""
+    data = merged(cfg.model_dump(exclude_unset=True), changes)
+    return LearnerConfig.model_validate({**data, **(replace or {})})

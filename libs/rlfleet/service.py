@@ -16,7 +16,7 @@ from typing import Literal, TypeVar
 from pydantic import Field
 
 from rlfleet.cliargs import add_common_args, assignments
-from rlfleet.config import ClosedModel, ConfigError, fleet_token, load_config
+from rlfleet.config import ClientTls, ClosedModel, ConfigError, fleet_token, load_config
 from rlfleet.logs import setup_logging
 from rlfleet.rpc.server import GrpcServer, ServerConfig, TlsConfig, unbindable
 
@@ -75,14 +75,8 @@ class ServiceSettings(ClosedModel):
     def client_tls(self) -> dict[str, Path] | None:
         """TLS options for this service's outgoing clients (`rlfleet.clients`, tls=...): the same
         files as its server. None when the service runs without TLS."""
-        ca = self.tls_ca or self.tls_client_ca
-        if ca is None:
-            return None
-        tls: dict[str, Path] = {"ca_file": ca}
-        if self.tls_cert and self.tls_key:
-            tls.update(cert_file=self.tls_cert, key_file=self.tls_key)
-        return tls
-
+        return ClientTls(ca=self.tls_ca, client_ca=self.tls_client_ca, cert=self.tls_cert,
+                         key=self.tls_key).options()
 
 def load_settings(model: type[S], args: argparse.Namespace, **extra: object) -> S:
     """Settings from --config, RLFLEET_* env and the flags that were given."""

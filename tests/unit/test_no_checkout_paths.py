@@ -61,8 +61,8 @@ def test_missing_crd_schemas_are_one_clear_line(tmp_path: Path, monkeypatch, cap
 def test_local_run_config_from_the_repository_root(monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.chdir(ROOT)
     cfg = local_run.learner_config(local_run.DEFAULT_CONFIG, run="r1", steps=3)
-    assert (cfg["run"], cfg["steps"]) == ("r1", 3)
-    assert cfg["model"]["path"] == str(ROOT / "checkpoints" / "tiny-sft")
+    assert (cfg.run, cfg.steps) == ("r1", 3)
+    assert cfg.model.path == ROOT / "checkpoints" / "tiny-sft"
 
 
 def test_local_run_config_given_explicitly_from_another_directory(tmp_path: Path,
@@ -72,8 +72,8 @@ def test_local_run_config_given_explicitly_from_another_directory(tmp_path: Path
     config.write_text(yaml.safe_dump({"steps": 5, "model": {"path": "models/sft"}}))
     monkeypatch.chdir(tmp_path)
     cfg = local_run.learner_config(config, run="r2", steps=None)
-    assert (cfg["run"], cfg["steps"]) == ("r2", 5)
-    assert cfg["model"]["path"] == str(tmp_path / "models" / "sft")  # relative to the cwd
+    assert (cfg.run, cfg.steps) == ("r2", 5)
+    assert cfg.model.path == tmp_path / "models" / "sft"  # relative to the cwd
 
 
 def test_local_run_without_its_config_is_a_clear_usage_error(tmp_path: Path, monkeypatch,
