@@ -17,12 +17,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import EnvSettingsSource
 from pydantic_settings.exceptions import SettingsError
+
+from rlfleet.policy.profiles import known_profile
 
 T = TypeVar("T", bound=BaseModel)
 ENV_PREFIX = "RLFLEET_"
@@ -34,6 +36,11 @@ class ClosedModel(BaseModel):
     (``frozen``, ``strict``) and keeps this."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+# A policy profile's name as a settings field: any entry of rlfleet.policy.profiles'
+# registry (rlfleet's own or a package's), checked when the settings load.
+ProfileName = Annotated[str, AfterValidator(known_profile)]
 
 
 class ConfigError(ValueError):

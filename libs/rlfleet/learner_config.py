@@ -19,6 +19,7 @@ from rlfleet.config import (
     ClientTls,
     ClosedModel,
     ConfigError,
+    ProfileName,
     load_config,
     merged,
     read_config_file,
@@ -29,7 +30,7 @@ from rlfleet.names import CONTEXTS
 
 
 class ModelConfig(ClosedModel):
-    profile: Literal["tiny", "qwen3-vl-8b"] = "tiny"
+    profile: ProfileName = "tiny"
     path: Path | None = None  # the starting checkpoint (e.g. the SFT model); tiny: cache
     name: str = "tiny-sft"  # recorded in adapter manifests as the base model
     lora_rank: int = Field(16, ge=1, le=512)

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 from rlfleet.cliargs import (
+    Deferred,
     add_common_args,
     add_setting,
     address,
@@ -18,7 +19,7 @@ from rlfleet.cliargs import (
     optional_address,
 )
 from rlfleet.names import CONTEXTS
-from rlfleet.policy.profiles import PROFILES
+from rlfleet.policy.profiles import profile_names
 
 # named, not imported: registering the command must not import pydantic, torch or grpc
 SETTINGS = "rlfleet_rollout.settings:RolloutSettings"
@@ -112,7 +113,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     flag("--engine", choices=field_choices(SETTINGS, "engine"), help="inference engine")
     flag("--engine-args", type=json.loads,
          help='engine keyword arguments as JSON, e.g. \'{"dtype": "float32"}\'')
-    flag("--profile", choices=PROFILES,
+    flag("--profile", choices=Deferred(profile_names),  # a package may add profiles
          help="policy profile (model family and serving limits)")
     flag("--model", type=directory, metavar="DIR",
          help="model directory (default: none; tiny: built into --model-cache)")

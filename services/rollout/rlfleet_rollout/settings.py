@@ -10,8 +10,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from rlfleet import defaults
+from rlfleet.config import ProfileName
 from rlfleet.names import ENGINE_NAMES
-from rlfleet.policy.profiles import PROFILES
 from rlfleet.service import ServiceSettings
 
 
@@ -22,7 +22,7 @@ class RolloutSettings(ServiceSettings):
     # extra keyword arguments for the engine, e.g. for vllm {"max_lora_rank": 64,
     # "gpu_memory_utilization": 0.85, "dtype": "bfloat16"}
     engine_args: dict[str, Any] = Field(default_factory=dict)
-    profile: Literal[PROFILES] = "tiny"  # type: ignore[valid-type]  # one definition
+    profile: ProfileName = "tiny"
     model: Path | None = None  # model directory; tiny: built into model_cache if unset
     model_cache: Path = defaults.cache_dir()
     device: str = "cpu"
