@@ -30,14 +30,19 @@ from rlfleet.names import CONTEXTS
 
 
 class ModelConfig(ClosedModel):
-    profile: ProfileName = "tiny"
-    path: Path | None = None  # the starting checkpoint (e.g. the SFT model); tiny: cache
-    name: str = "tiny-sft"  # recorded in adapter manifests as the base model
-    lora_rank: int = Field(16, ge=1, le=512)
-    lora_alpha: int | None = None
-    # language-model projections that get adapters (rlfleet.policy.lora): attention only,
-    # or with the MLP's gate/up/down too
-    lora_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    profile: ProfileName = Field(
+        "tiny", description="the policy profile (rlfleet.policy.profiles: tiny, qwen3-vl-8b "
+        "or a package's): model family and serving limits")
+    path: Path | None = Field(
+        None, description="the starting checkpoint (e.g. the SFT model); none: the tiny "
+        "profile's model, built into the cache")
+    name: str = Field("tiny-sft", description="recorded in adapter manifests as the base model")
+    lora_rank: int = Field(16, ge=1, le=512, description="the LoRA adapters' rank")
+    lora_alpha: int | None = Field(None, description="LoRA alpha; none: twice the rank")
+    lora_modules: tuple[str, ...] = Field(
+        ("q_proj", "k_proj", "v_proj", "o_proj"),
+        description="language-model projections that get adapters (rlfleet.policy.lora): "
+        "attention only, or with the MLP's gate_proj/up_proj/down_proj too")
 
     @field_validator("lora_modules")
     @classmethod
@@ -46,14 +51,18 @@ class ModelConfig(ClosedModel):
 
         language_modules(value)  # raises, naming the modules LoRA can target
         return value
-    # "cpu", or "cuda": each rank uses the GPU Ray gives it (ray.num_gpus_per_worker)
-    device: Literal["cpu", "cuda"] = "cpu"
-    # the weights' dtype; auto: bfloat16 on cuda, float32 on cpu (exact CPU work)
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    # recompute each decoder layer's activations in the backward (non-reentrant): the
-    # memory of full-history 8B sequences for about a third more compute
-    gradient_checkpointing: bool = False
-    torch_threads: int | None = Field(1, ge=1)
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="cpu, or cuda: each rank uses the GPU Ray gives it "
+        "(ray.num_gpus_per_worker)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="the weights' dtype; auto: bfloat16 on cuda, float32 on cpu "
+        "(exact CPU work)")
+    gradient_checkpointing: bool = Field(
+        False, description="recompute each decoder layer's activations in the backward "
+        "(non-reentrant): the memory of full-history 8B sequences for about a third more "
+        "compute")
+    torch_threads: int | None = Field(1, ge=1, description="torch intra-op threads of each "
+                                      "trainer; none: torch's own")
 
     def torch_dtype(self) -> str:
         """The dtype the trainer loads the weights in (a torch dtype's name)."""
@@ -63,18 +72,27 @@ class ModelConfig(ClosedModel):
 
 
 class DataConfig(ClosedModel):
-    task: str = "maze_2d"
-    size: int = Field(7, ge=5, le=63)
-    max_turns: int = Field(0, ge=0, le=1000)  # 0 = the task's default for the size
-    # training episodes only: a limit sized to each maze, its shortest solution + the stop
-    # + turn_margin (0 = off); evals always play to max_turns, VisGym's limit
-    turn_margin: int = Field(0, ge=0, le=1000)
-    cell_px: int = Field(16, ge=0, le=64)
-    context: Literal[CONTEXTS] = "last_frame"  # type: ignore[valid-type]  # the proto enum
-    groups_per_step: int = Field(8, ge=1)
-    group_size: int = Field(8, ge=1, le=64)
-    temperature: float = Field(1.0, gt=0, le=5)
-    max_new_tokens: int = Field(4, ge=1, le=4096)
+    task: str = Field("maze_2d", description="the env task episodes are played in")
+    size: int = Field(7, ge=5, le=63, description="the mazes' size (odd, walls included)")
+    max_turns: int = Field(0, ge=0, le=1000,
+                           description="turns an episode may take; 0: the task's default "
+                           "for the size")
+    turn_margin: int = Field(
+        0, ge=0, le=1000, description="training episodes only: a limit sized to each maze, "
+        "its shortest solution + the stop + turn_margin (0: off); evals always play to "
+        "max_turns, VisGym's limit")
+    cell_px: int = Field(16, ge=0, le=64, description="pixels per maze cell in the frames; "
+                         "0: the task's default")
+    context: Literal[CONTEXTS] = Field(  # type: ignore[valid-type]  # the proto enum
+        "last_frame", description="the observation profile: what each turn's prompt shows "
+        "(rlfleet.policy.contexts)")
+    groups_per_step: int = Field(8, ge=1, description="groups of episodes trained on a step")
+    group_size: int = Field(8, ge=1, le=64, description="episodes of one maze in a group "
+                            "(GRPO's group)")
+    temperature: float = Field(1.0, gt=0, le=5, description="the replicas' sampling "
+                               "temperature (grpo.temperature follows it)")
+    max_new_tokens: int = Field(4, ge=1, le=4096, description="tokens generated a turn, "
+                                "at most")
 
     @model_validator(mode="after")
     def _visgym_frames(self) -> DataConfig:
@@ -89,27 +107,33 @@ class DataConfig(ClosedModel):
 
 
 class OptimConfig(ClosedModel):
-    lr: float = Field(5e-4, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = Field(1.0, gt=0)
-    warmup_steps: int = Field(0, ge=0)
-    schedule: Literal["constant", "cosine"] = "constant"
-    # PPO-style reuse of a step's rollouts: the groups are split into `mini_batches`
-    # parts, one optimizer update each, repeated `epochs` times (reshuffled); the clipped
-    # ratio keeps the later updates close to the policy that sampled. 1 and 1: one update.
-    mini_batches: int = Field(1, ge=1, le=64)
-    epochs: int = Field(1, ge=1, le=16)
+    lr: float = Field(5e-4, gt=0, description="AdamW's learning rate (after warmup)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW's weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW's betas")
+    grad_clip: float = Field(1.0, gt=0, description="the gradients' global norm is clipped "
+                             "to this")
+    warmup_steps: int = Field(0, ge=0, description="steps of linear learning-rate warmup")
+    schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="the learning rate after warmup: constant, or cosine decay "
+        "over the run's steps")
+    mini_batches: int = Field(
+        1, ge=1, le=64, description="PPO-style reuse of a step's rollouts: the groups are "
+        "split into this many parts, one optimizer update each (1: one update); the "
+        "clipped ratio keeps the later updates close to the policy that sampled")
+    epochs: int = Field(1, ge=1, le=16, description="passes over a step's mini-batches, "
+                        "reshuffled each time")
 
 
 class EvalConfig(ClosedModel):
-    every: int = Field(10, ge=0)  # steps; 0 = only at start and end
-    eval_seeds: int = Field(64, ge=0)  # the fixed eval mazes 0..N-1 (at most 64)
-    heldout_seeds: int = Field(256, ge=0)  # more mazes (64..) for less noise (at most 256)
-    at_start: bool = True
-    # the periodic evals (every N steps) play only the first N held-out mazes, so the
-    # learning curve gets points cheaply; 0 = both full sets, as at the start and end
-    curve_heldout: int = Field(0, ge=0)
+    every: int = Field(10, ge=0, description="steps between evals; 0: only at start and end")
+    eval_seeds: int = Field(64, ge=0, description="the fixed eval mazes 0..N-1 (at most 64)")
+    heldout_seeds: int = Field(256, ge=0, description="more mazes (64..) for less noise "
+                               "(at most 256)")
+    at_start: bool = Field(True, description="evaluate before the first step")
+    curve_heldout: int = Field(
+        0, ge=0, description="the periodic evals (every N steps) play only the first N "
+        "held-out mazes, so the learning curve gets points cheaply; 0: both full sets, as "
+        "at the start and end")
 
     @model_validator(mode="after")
     def _fits_the_seed_split(self) -> EvalConfig:
@@ -126,67 +150,89 @@ class EvalConfig(ClosedModel):
 
 
 class CheckpointConfig(ClosedModel):
-    every: int = Field(10, ge=0)  # steps; 0 = never
-    keep_last: int = Field(3, ge=1)
+    every: int = Field(10, ge=0, description="steps between checkpoints; 0: never")
+    keep_last: int = Field(3, ge=1, description="checkpoints kept, the newest")
 
 
 class FleetConfig(ClosedModel):
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    sync_address: str = defaults.local_address(defaults.CKPTSYNC_PORT)
-    runs_root: Path = defaults.RUNS_ROOT  # RLFLEET_RUNS_ROOT in a deployment (cli.py)
-    min_replicas: int = Field(1, ge=1)  # wait for this many replicas to serve a new version
-    # after this long, train on with the replicas that serve it (fewer than min_replicas:
-    # the step's record says so); replicas whose heartbeat expired are not waited for
-    sync_timeout_s: float = Field(300, gt=0)
-    # when no replica serves a new version, or none is left to play a group: how long to
-    # wait for a replacement before checkpointing and stopping (exit 3)
-    replacement_wait_s: float = Field(300, ge=0)
-    # how long ckpt-sync may answer only UNAVAILABLE / RESOURCE_EXHAUSTED /
-    # DEADLINE_EXCEEDED (down, hung, Redis gone) before the learner checkpoints and stops
-    publish_retry_s: float = Field(600, gt=0)
-    max_groups_in_flight: int = Field(8, ge=1)
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="the fleet store "
+                           "(RLFLEET_REDIS_URL in a deployment)")
+    sync_address: str = Field(defaults.local_address(defaults.CKPTSYNC_PORT),
+                              description="ckpt-sync's HOST:PORT (RLFLEET_SYNC_ADDRESS in a "
+                              "deployment)")
+    runs_root: Path = Field(defaults.RUNS_ROOT, description="where runs are kept "
+                            "(RLFLEET_RUNS_ROOT in a deployment)")
+    min_replicas: int = Field(1, ge=1, description="wait for this many replicas to serve a "
+                              "new version")
+    sync_timeout_s: float = Field(
+        300, gt=0, description="after this long, train on with the replicas that serve the "
+        "new version (fewer than min_replicas: the step's record says so); replicas whose "
+        "heartbeat expired are not waited for")
+    replacement_wait_s: float = Field(
+        300, ge=0, description="when no replica serves a new version, or none is left to "
+        "play a group: how long to wait for a replacement before checkpointing and "
+        "stopping (exit 3)")
+    publish_retry_s: float = Field(
+        600, gt=0, description="how long ckpt-sync may answer only UNAVAILABLE / "
+        "RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED (down, hung, Redis gone) before the "
+        "learner checkpoints and stops")
+    max_groups_in_flight: int = Field(8, ge=1, description="groups sent to replicas and "
+                                      "not yet answered, at most")
 
 
 class RayConfig(ClosedModel):
-    address: str | None = None  # None: RAY_ADDRESS or a local Ray
-    # data-parallel trainers (torch.distributed: NCCL on cuda, gloo on cpu)
-    num_workers: int = Field(1, ge=1)
-    # the GPUs each trainer rank asks Ray for (0 on CPU; a fake GPU resource works too)
-    num_gpus_per_worker: float = Field(0, ge=0, le=8)
-    # how long the start waits for the cluster to show the GPUs the ranks ask for
-    # (KubeRay's GPU workers may join after the driver starts); then a clear error
-    resources_timeout_s: float = Field(300, ge=0)
-    # gradients are summed across ranks in flat buckets of at most this size
-    bucket_mb: float = Field(25, gt=0)
-    object_store_mb: int = Field(256, ge=64)
+    address: str | None = Field(None, description="the Ray cluster; none: RAY_ADDRESS, "
+                                "else a local Ray of the learner's own")
+    num_workers: int = Field(1, ge=1, description="data-parallel trainers "
+                             "(torch.distributed: NCCL on cuda, gloo on cpu)")
+    num_gpus_per_worker: float = Field(
+        0, ge=0, le=8, description="the GPUs each trainer rank asks Ray for (0 on CPU; a "
+        "fake GPU resource works too)")
+    resources_timeout_s: float = Field(
+        300, ge=0, description="how long the start waits for the cluster to show the GPUs "
+        "the ranks ask for (KubeRay's GPU workers may join after the driver starts); then a "
+        "clear error")
+    bucket_mb: float = Field(25, gt=0, description="gradients are summed across ranks in "
+                             "flat buckets of at most this size")
+    object_store_mb: int = Field(256, ge=64, description="a local Ray's object store")
 
 
 class MetricsConfig(ClosedModel):
-    host: str = "127.0.0.1"  # the chart's RLFLEET_HOST: 0.0.0.0, the pod's address
-    port: int | None = Field(None, ge=0, le=65535)  # None: no Prometheus endpoint
+    host: str = Field("127.0.0.1", description="address of the Prometheus endpoint "
+                      "(--metrics-host; RLFLEET_HOST in a deployment: 0.0.0.0)")
+    port: int | None = Field(None, ge=0, le=65535, description="its port (--metrics-port; "
+                             "RLFLEET_METRICS_PORT in a deployment); none: no endpoint")
 
 
 class LearnerConfig(ClosedModel):
-    run: str = "local"
-    seed: int = 0
-    steps: int = Field(20, ge=0)
-    mode: Literal["sync", "async"] = "sync"
-    deterministic: bool = False  # CPU, fixed seeds, seeded sampling: resumable bit-exactly
-    # after this step, also time a bare forward+backward and a bare batched forward of its
-    # rows (the limits the update and the rollout are measured against); 0 = never
-    calibrate_step: int = Field(0, ge=0)
-    model: ModelConfig = ModelConfig()
-    data: DataConfig = DataConfig()
-    # data.temperature reaches grpo.temperature (the learner's logprobs use the sampling
-    # temperature); the section need not repeat it
-    grpo: GRPOConfig = GRPOConfig()
-    optim: OptimConfig = OptimConfig()
-    eval: EvalConfig = EvalConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig()
-    fleet: FleetConfig = FleetConfig()
-    ray: RayConfig = RayConfig()
-    metrics: MetricsConfig = MetricsConfig()
-    tls: ClientTls = ClientTls()  # the learner's clients of ckpt-sync and the replicas
+    run: str = Field("local", description="the run's name: its directory under the runs "
+                     "root (RLFLEET_RUN in a deployment)")
+    seed: int = Field(0, description="the run's seed")
+    steps: int = Field(20, ge=0, description="GRPO steps to train")
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="sync: each new version is waited for (fleet.min_replicas) "
+        "before the next step's rollouts; async: groups keep playing while a step trains, "
+        "within grpo.max_staleness")
+    deterministic: bool = Field(False, description="CPU, fixed seeds, seeded sampling: "
+                                "resumable bit-exactly (mode sync)")
+    calibrate_step: int = Field(
+        0, ge=0, description="after this step, also time a bare forward+backward and a bare "
+        "batched forward of its rows (the limits the update and the rollout are measured "
+        "against); 0: never")
+    model: ModelConfig = Field(ModelConfig(), description="the policy and its LoRA")
+    data: DataConfig = Field(DataConfig(), description="the episodes a step trains on")
+    grpo: GRPOConfig = Field(
+        GRPOConfig(), description="the GRPO objective; data.temperature reaches "
+        "grpo.temperature (the learner's logprobs use the sampling temperature), so the "
+        "section need not repeat it")
+    optim: OptimConfig = Field(OptimConfig(), description="the optimizer")
+    eval: EvalConfig = Field(EvalConfig(), description="greedy evals on fixed mazes")
+    checkpoint: CheckpointConfig = Field(CheckpointConfig(), description="checkpoints")
+    fleet: FleetConfig = Field(FleetConfig(), description="the fleet the learner drives")
+    ray: RayConfig = Field(RayConfig(), description="the trainers as Ray actors")
+    metrics: MetricsConfig = Field(MetricsConfig(), description="the Prometheus endpoint")
+    tls: ClientTls = Field(ClientTls(), description="TLS of the learner's clients of "
+                           "ckpt-sync and the replicas (RLFLEET_TLS_* in a deployment)")
 
     @model_validator(mode="after")
     def _check(self) -> LearnerConfig:
