@@ -227,6 +227,11 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return f"{text} (default: {str(default).replace('%', '%%')})"
 
 
+class DocHelpFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
+    """HelpFormatter that prints the description as written (a command's module
+    docstring, paragraphs and all)."""
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose help shows defaults and whose errors are one line;
     sub-parsers inherit its class."""

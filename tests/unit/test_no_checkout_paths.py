@@ -85,3 +85,21 @@ def test_local_run_without_its_config_is_a_clear_usage_error(tmp_path: Path, mon
     err = capsys.readouterr().err
     assert "no config file configs/local-tiny.yaml" in err and "--config FILE" in err
     assert not (tmp_path / "runs").exists()  # nothing was started or written
+
+
+@pytest.mark.parametrize(("module", "argv", "message"), [
+    ("run", ["--replicas", "two"], "argument --replicas: invalid int value: 'two'"),
+    ("baseline", ["--env-address", "nope"], "argument --env-address: not HOST:PORT: 'nope'"),
+])
+def test_make_run_and_baseline_parse_with_the_clis_parser(
+        module: str, argv: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
+    from rlfleet.local import baseline
+
+    main = {"run": local_run.main, "baseline": baseline.main}[module]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    # rlfleet.cliargs.Parser: one line, naming the command and its --help
+    assert err.count("\n") == 1 and message in err
+    assert f"(see: python -m rlfleet.local.{module} --help)" in err

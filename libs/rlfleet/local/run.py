@@ -14,7 +14,6 @@ RLFLEET_CONSOLE (human|json), decided from this command's own stdout: set it to 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
@@ -29,6 +28,7 @@ from typing import IO
 import yaml
 
 from rlfleet import defaults
+from rlfleet.cliargs import DocHelpFormatter, Parser
 from rlfleet.config import TOKEN_NAME, fleet_token
 from rlfleet.learner_config import LearnerConfig, load_learner_config, updated
 from rlfleet.local.metrics_jsonl import read_events
@@ -156,13 +156,14 @@ def targets_table(summary: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m rlfleet.local.run", description=__doc__,
+                    formatter_class=DocHelpFormatter)
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
                         help="learner config (default: %(default)s, from the current "
                              "directory)")
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="GRPO steps (default: the config's)")
+    parser.add_argument("--replicas", type=int, default=2, help="rollout replicas")
     parser.add_argument("--run", default=None, help="run id (default: local-<time>)")
     parser.add_argument("--runs-root", type=Path, default=DEFAULT_RUNS_ROOT,
                         help="where the run's directory is made (default: %(default)s, from "
