@@ -8,6 +8,7 @@ file < environment < flags for every field, as every service's settings.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -286,8 +287,6 @@ def load_learner_config(path: str | Path, env: Mapping[str, str] | None = None,
                         **flags: Any) -> LearnerConfig:
     """The learner config: the YAML file, then the environment (`env`, default
     os.environ), then `flags` (nested mappings: {"metrics": {"port": 9104}})."""
-    import os
-
     env = os.environ if env is None else env
     # A deployment names the run (the chart's RLFLEET_RUN); a config file that names
     # another would be renamed behind its author's back: refuse instead.
