@@ -28,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from bench.common import RESULTS, write_results
+from rlfleet.learner_config import load_learner_config, updated
 from rlfleet.local.metrics_jsonl import read_events
 from rlfleet.local.procs import ProcessGroup
 from rlfleet.local.stack import start_stack
@@ -55,15 +56,17 @@ def run_mode(mode: str, work: Path, replicas: int = 2) -> dict:
     stack = start_stack(work / mode, runs_root=work / mode / "runs", run=mode,
                         model_dir=model, replicas=replicas, group=group, log=lambda m: None)
     try:
-        cfg = yaml.safe_load((REPO / "configs" / "local-tiny.yaml").read_text())
-        cfg.update(run=mode, steps=STEPS, mode=mode, calibrate_step=CALIBRATE_AT)
-        cfg["model"]["path"] = str(model)
-        cfg["eval"] = {"every": 0, "eval_seeds": 0, "heldout_seeds": 128, "at_start": True}
-        cfg["checkpoint"] = {"every": 0}
-        cfg["fleet"].update(redis_url=stack.redis_url, sync_address=stack.sync_address,
-                            runs_root=str(stack.runs_root), min_replicas=replicas)
+        cfg = load_learner_config(REPO / "configs" / "local-tiny.yaml", env={})
+        cfg = updated(cfg, {"run": mode, "steps": STEPS, "mode": mode,
+                            "calibrate_step": CALIBRATE_AT, "model": {"path": model},
+                            "fleet": {"redis_url": stack.redis_url,
+                                      "sync_address": stack.sync_address,
+                                      "runs_root": stack.runs_root, "min_replicas": replicas}},
+                      replace={"eval": {"every": 0, "eval_seeds": 0, "heldout_seeds": 128,
+                                        "at_start": True},
+                               "checkpoint": {"every": 0}})
         path = work / mode / "learner.yaml"
-        path.write_text(yaml.safe_dump(cfg))
+        path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_unset=True)))
         urls = [p.extra["metrics_url"] for p in stack.replicas]
         out = subprocess.run([sys.executable, "-m", "rlfleet.cli", "learner", "run",
                               "--config", str(path)], capture_output=True, text=True,

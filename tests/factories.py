@@ -140,16 +140,19 @@ def learner_config(stack: LocalStack, tmp_path: Path, run: str, model_dir: Path 
     (``steps=3``, ``eval=NO_EVAL``)."""
     import yaml
 
-    cfg = yaml.safe_load((REPO / "configs" / base).read_text())
-    cfg.update(run=run, calibrate_step=0)
-    cfg["model"].update(path=str(model_dir), **(model or {}))
-    cfg["data"].update(data or {})
-    cfg.setdefault("grpo", {}).update(grpo or {})
-    cfg["fleet"].update({"redis_url": stack.redis_url, "sync_address": stack.sync_address,
-                         "runs_root": str(stack.runs_root), "min_replicas": 1, **(fleet or {})})
-    cfg.update(sections)
+    from rlfleet.learner_config import load_learner_config, updated
+
+    cfg = load_learner_config(REPO / "configs" / base, env={})
+    cfg = updated(cfg, {"run": run, "calibrate_step": 0,
+                        "model": {"path": model_dir, **(model or {})}, "data": data or {},
+                        "grpo": grpo or {},
+                        "fleet": {"redis_url": stack.redis_url,
+                                  "sync_address": stack.sync_address,
+                                  "runs_root": stack.runs_root, "min_replicas": 1,
+                                  **(fleet or {})}},
+                  replace=sections)
     path = tmp_path / f"{run}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_unset=True)))
     return path
 
 

@@ -82,20 +82,39 @@ def _field_default(settings: SettingsRef | type, field: str) -> object:
     return info.default
 
 
+def field_description(settings: SettingsRef | type, field: str) -> str:
+    """The description of a settings model's field, written once on the model
+    (`Field(description=...)`); a subclass that only changes the default (a service's
+    port) keeps its base's."""
+    for cls in _model(settings).__mro__:
+        info = getattr(cls, "model_fields", {}).get(field)
+        if info is not None and info.description:
+            return info.description
+    return ""
+
+
+# argparse prints a flag's help only when it has some: a placeholder until it is shown
+_DESCRIBED = "(the settings field's description)"
+
+
 def add_setting(
     parser: argparse.ArgumentParser,
     flag: str,
     settings: SettingsRef | type,
-    help: str,  # noqa: A002 - argparse's own name for it
+    help: str | None = None,  # noqa: A002 - argparse's own name for it
     **kwargs: Any,
 ) -> argparse.Action:
     """A flag that overrides one field of a settings model (`--max-batch` -> `max_batch`).
 
     Its argparse default stays None, so a flag that is not given leaves the value of
-    --config / RLFLEET_<KEY> / the model in place; its help shows the model's default."""
+    --config / RLFLEET_<KEY> / the model in place; its help shows the model's default and,
+    unless `help` is given, the field's description (read when the help is printed)."""
     field = kwargs.pop("dest", None) or flag.lstrip("-").replace("-", "_")
-    action = parser.add_argument(flag, dest=field, default=None, help=help, **kwargs)
+    action = parser.add_argument(flag, dest=field, default=None, help=help or _DESCRIBED,
+                                 **kwargs)
     action.shown_default = lambda: _field_default(settings, field)  # type: ignore[attr-defined]
+    if help is None:
+        action.described = lambda: field_description(settings, field)  # type: ignore[attr-defined]
     return action
 
 
@@ -193,7 +212,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._metavar_formatter(action, default_metavar)
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
+        described = getattr(action, "described", None)
+        text = described().replace("%", "%%") if described is not None else action.help or ""
         if "default" in text.lower() or action.default is argparse.SUPPRESS:
             return text
         if not action.option_strings and action.nargs not in ("?", "*"):
@@ -205,6 +225,11 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if default is None:
             default = "none"
         return f"{text} (default: {str(default).replace('%', '%%')})"
+
+
+class DocHelpFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
+    """HelpFormatter that prints the description as written (a command's module
+    docstring, paragraphs and all)."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -227,15 +252,28 @@ def add_common_args(parser: argparse.ArgumentParser, settings: SettingsRef | typ
                         help="YAML settings file (env RLFLEET_<KEY> overrides it, flags "
                              "override both; default: none)")
     add_set_flag(parser)
-    add_setting(parser, "--host", settings,
-                help="address to bind (0.0.0.0 in pods)")
-    add_setting(parser, "--port", settings, type=int, help="gRPC port (0: any free port)")
-    add_setting(parser, "--metrics-port", settings, type=int,
-                help="Prometheus port (0: any free port)")
-    add_setting(parser, "--log-level", settings, type=str.upper,
-                choices=LOG_LEVELS,
-                help="log level")
+    add_setting(parser, "--host", settings)  # help: the fields' descriptions
+    add_setting(parser, "--port", settings, type=int)
+    add_setting(parser, "--metrics-port", settings, type=int)
+    add_setting(parser, "--log-level", settings, type=str.upper, choices=LOG_LEVELS)
     parser.add_argument("--insecure-no-auth", dest="auth", action="store_const", const="none",
                         default=None,
                         help="serve without the shared token (default: the token "
                              "RLFLEET_AUTH_TOKEN[_FILE] is required)")
+
+
+def add_learner_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of `rlfleet learner run` that set its config (rlfleet.learner_config:
+    `flag_overrides` reads them), above the file and the environment."""
+    parser.add_argument("--config", required=True, metavar="FILE",
+                        help="learner YAML (see configs/)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps to train (default: the config's)")
+    parser.add_argument("--run", default=None, help="run name (default: the config's)")
+    add_set_flag(parser)
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="Prometheus port, metrics.port (above RLFLEET_METRICS_PORT; "
+                             "default: the config's, else no endpoint)")
+    parser.add_argument("--metrics-host", default=None,
+                        help="address of the metrics endpoint, metrics.host (above "
+                             "RLFLEET_HOST; default: the config's, 127.0.0.1)")

@@ -17,12 +17,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import EnvSettingsSource
 from pydantic_settings.exceptions import SettingsError
+
+from rlfleet.policy.profiles import known_profile
 
 T = TypeVar("T", bound=BaseModel)
 ENV_PREFIX = "RLFLEET_"
@@ -34,6 +36,11 @@ class ClosedModel(BaseModel):
     (``frozen``, ``strict``) and keeps this."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+# A policy profile's name as a settings field: any entry of rlfleet.policy.profiles'
+# registry (rlfleet's own or a package's), checked when the settings load.
+ProfileName = Annotated[str, AfterValidator(known_profile)]
 
 
 class ConfigError(ValueError):
@@ -210,3 +217,29 @@ def fleet_token(auth: str | None = None, env: dict[str, str] | None = None) -> s
         f"no auth token: set {TOKEN_NAME} (or {TOKEN_NAME}_FILE) to the fleet's shared "
         "token, or turn auth off explicitly with --insecure-no-auth (RLFLEET_AUTH=none, "
         "`auth: none` in a config file)")
+
+
+# -- TLS of a process's outgoing clients --------------------------------------------------
+
+
+class ClientTls(ClosedModel):
+    """The files a process's outgoing gRPC clients use for TLS: the services' (their
+    `tls_*` settings) and the learner's (its `tls` section). The fleet has one CA, so the
+    CA that signed the servers defaults to the one that signs client certificates."""
+
+    ca: Path | None = Field(None, description="the CA that signed the servers this process "
+                            "calls (default: client_ca, the fleet's one CA); none: plaintext")
+    client_ca: Path | None = Field(None, description="the fleet's client CA, the servers' "
+                                   "CA when ca is not set")
+    cert: Path | None = Field(None, description="this process's client certificate (with key)")
+    key: Path | None = Field(None, description="the key of cert")
+
+    def options(self) -> dict[str, Path] | None:
+        """The `tls=` options of `rlfleet.clients`; None without a CA (plaintext)."""
+        ca = self.ca or self.client_ca
+        if ca is None:
+            return None
+        tls: dict[str, Path] = {"ca_file": ca}
+        if self.cert and self.key:
+            tls.update(cert_file=self.cert, key_file=self.key)
+        return tls

@@ -1,10 +1,12 @@
 """Named extension points: one `Registry` type for every kind of thing chosen by name.
 
 rlfleet chooses by name: GRPO advantage estimators, policy losses and KL estimators
-(`rlfleet.grpo`), env tasks (`rlfleet.tasks`), reward functions (`rlfleet.reward`) and
-inference engines (`rlfleet.engines`). Each kind has one `Registry` of rlfleet's own
-entries plus, where a package may add some, the entry points of one group. A package
-adds an entry without editing rlfleet by declaring it in its own ``pyproject.toml``::
+(`rlfleet.grpo`), env tasks (`rlfleet.tasks`), reward functions (`rlfleet.reward`),
+inference engines (`rlfleet.engines`), policy profiles (`rlfleet.policy.profiles`: what
+serving a model asks of vLLM) and maze action formats (`rlfleet.maze.actions`). Each kind
+has one `Registry` of rlfleet's own entries plus, where a package may add some, the entry
+points of one group. A package adds an entry without editing rlfleet by declaring it in
+its own ``pyproject.toml``::
 
     [project.entry-points."rlfleet.tasks"]
     countdown = "my_package.tasks:countdown_task"
@@ -14,6 +16,9 @@ adds an entry without editing rlfleet by declaring it in its own ``pyproject.tom
 
     [project.entry-points."rlfleet.advantage_estimators"]
     rloo = "my_package.grpo:rloo"
+
+    [project.entry-points."rlfleet.serving_profiles"]
+    my-vlm-7b = "my_package.profiles:MY_VLM_7B"   # a rlfleet.policy.ServingProfile
 
 The entry point's name is the name the object is used under, and, for kinds whose objects
 carry a name (tasks, rewards, engines), must equal the name the object reports. Names are
@@ -42,6 +47,8 @@ REWARDS_GROUP = "rlfleet.rewards"
 ADVANTAGE_ESTIMATORS_GROUP = "rlfleet.advantage_estimators"
 POLICY_LOSSES_GROUP = "rlfleet.policy_losses"
 KL_ESTIMATORS_GROUP = "rlfleet.kl_estimators"
+SERVING_PROFILES_GROUP = "rlfleet.serving_profiles"
+FORMAT_PROFILES_GROUP = "rlfleet.format_profiles"
 
 BUILT_IN = "rlfleet (built in)"
 

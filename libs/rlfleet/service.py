@@ -16,7 +16,7 @@ from typing import Literal, TypeVar
 from pydantic import Field
 
 from rlfleet.cliargs import add_common_args, assignments
-from rlfleet.config import ClosedModel, ConfigError, fleet_token, load_config
+from rlfleet.config import ClientTls, ClosedModel, ConfigError, fleet_token, load_config
 from rlfleet.logs import setup_logging
 from rlfleet.rpc.server import GrpcServer, ServerConfig, TlsConfig, unbindable
 
@@ -30,27 +30,35 @@ log = logging.getLogger(__name__)
 class ServiceSettings(ClosedModel):
     """Settings every service has; a service subclass sets its own default ports."""
 
-    host: str = "127.0.0.1"
-    port: int = Field(0, ge=0, le=65535)
-    metrics_port: int | None = Field(None, ge=0, le=65535)
-    log_level: str = "INFO"
-    grace_s: float = Field(10.0, ge=0, le=600)
-    max_concurrent_rpcs: int = Field(1024, ge=1)
-    # "token": the shared token (RLFLEET_AUTH_TOKEN[_FILE]) is required, and a service
-    # without one refuses to start; "none" turns auth off, explicitly (--insecure-no-auth)
-    auth: Literal["token", "none"] = "token"
-    # how long a call may wait for its request message after its headers (a client that
-    # sends headers and never a body is cut off with DEADLINE_EXCEEDED after this)
-    request_timeout_s: float = Field(20.0, gt=0, le=3600)
-    # clients reconnect after this long (rpc.server.ServerConfig): services of short calls
-    # behind a Kubernetes Service set it, so a swapped service is reached; None: never
-    max_connection_age_s: float | None = Field(None, gt=0)
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    tls_client_ca: Path | None = None  # set: clients must present a certificate it signed
-    # the CA that signed the servers this service calls (default tls_client_ca: one fleet
-    # CA); the service's outgoing clients present tls_cert / tls_key as their certificate
-    tls_ca: Path | None = None
+    host: str = Field("127.0.0.1", description="address to bind (0.0.0.0 in pods)")
+    port: int = Field(0, ge=0, le=65535, description="gRPC port (0: any free port)")
+    metrics_port: int | None = Field(None, ge=0, le=65535,
+                                     description="Prometheus port (0: any free port)")
+    log_level: str = Field("INFO", description="log level")
+    grace_s: float = Field(10.0, ge=0, le=600, description="seconds calls in flight get to "
+                           "finish on SIGTERM")
+    max_concurrent_rpcs: int = Field(1024, ge=1, description="calls served at once; more "
+                                     "answer RESOURCE_EXHAUSTED")
+    auth: Literal["token", "none"] = Field(
+        "token", description="token: the shared token (RLFLEET_AUTH_TOKEN[_FILE]) is "
+        "required, and a service without one refuses to start; none turns auth off, "
+        "explicitly (--insecure-no-auth)")
+    request_timeout_s: float = Field(
+        20.0, gt=0, le=3600, description="how long a call may wait for its request message "
+        "after its headers (a client that sends headers and never a body is cut off with "
+        "DEADLINE_EXCEEDED after this)")
+    max_connection_age_s: float | None = Field(
+        None, gt=0, description="clients reconnect after this long (rpc.server.ServerConfig):"
+        " services of short calls behind a Kubernetes Service set it, so a swapped service "
+        "is reached; none: never")
+    tls_cert: Path | None = Field(None, description="the server's certificate (with "
+                                  "tls_key), also its clients' certificate; none: plaintext")
+    tls_key: Path | None = Field(None, description="the key of tls_cert")
+    tls_client_ca: Path | None = Field(None, description="set: clients must present a "
+                                       "certificate this CA signed")
+    tls_ca: Path | None = Field(
+        None, description="the CA that signed the servers this service calls (default "
+        "tls_client_ca: one fleet CA)")
 
     def auth_token(self) -> str | None:
         """The shared token, None where auth is explicitly off; ConfigError otherwise."""
@@ -75,14 +83,8 @@ class ServiceSettings(ClosedModel):
     def client_tls(self) -> dict[str, Path] | None:
         """TLS options for this service's outgoing clients (`rlfleet.clients`, tls=...): the same
         files as its server. None when the service runs without TLS."""
-        ca = self.tls_ca or self.tls_client_ca
-        if ca is None:
-            return None
-        tls: dict[str, Path] = {"ca_file": ca}
-        if self.tls_cert and self.tls_key:
-            tls.update(cert_file=self.tls_cert, key_file=self.tls_key)
-        return tls
-
+        return ClientTls(ca=self.tls_ca, client_ca=self.tls_client_ca, cert=self.tls_cert,
+                         key=self.tls_key).options()
 
 def load_settings(model: type[S], args: argparse.Namespace, **extra: object) -> S:
     """Settings from --config, RLFLEET_* env and the flags that were given."""

@@ -28,7 +28,7 @@ def learner_config_of(rendered) -> dict:  # noqa: ANN001
 
 @pytest.mark.parametrize("values", [None, LOCAL, HYPERPOD], ids=["defaults", "local", "hyperpod"])
 def test_rendered_learner_config_is_valid_with_the_pod_environment(render, values) -> None:  # noqa: ANN001
-    from rlfleet_learner.cli import learner_config
+    from rlfleet.learner_config import load_learner_config
 
     rendered = render(values)
     data = learner_config_of(rendered)
@@ -41,7 +41,7 @@ def test_rendered_learner_config_is_valid_with_the_pod_environment(render, value
                "RLFLEET_REDIS_URL": "redis://rlfleet-redis:6379/0",
                "RLFLEET_SYNC_ADDRESS": "rlfleet-ckptsync:50053",
                "RLFLEET_RUNS_ROOT": "/shared/runs"}
-        cfg = learner_config(path, env)
+        cfg = load_learner_config(path, env)
     finally:
         path.unlink()
     assert str(cfg.model.path) == "/shared/models/tiny"

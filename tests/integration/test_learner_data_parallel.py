@@ -13,9 +13,9 @@ import ray
 import torch
 
 from rlfleet.grpo import TrainSample
+from rlfleet.learner_config import LearnerConfig
 from rlfleet.maze.tasks import new_episode
 from rlfleet.policy import ChatCodec, load_processor
-from rlfleet_learner.config import LearnerConfig
 from rlfleet_learner.ray_start import init_local_ray
 from rlfleet_learner.workers import TrainerGroup
 

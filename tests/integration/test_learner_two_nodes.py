@@ -12,7 +12,7 @@ import ray
 import torch
 from ray.cluster_utils import Cluster
 
-from rlfleet_learner.config import LearnerConfig
+from rlfleet.learner_config import LearnerConfig
 from rlfleet_learner.devices import DeviceError
 from rlfleet_learner.distributed import ClusterTooSmall
 from rlfleet_learner.workers import TrainerGroup

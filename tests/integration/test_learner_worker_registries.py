@@ -13,7 +13,7 @@ import ray
 
 from rlfleet.grpo import register_advantage_estimator
 from rlfleet.grpo.advantages import ADVANTAGE_ESTIMATORS, group_normalized_advantages
-from rlfleet_learner.config import LearnerConfig
+from rlfleet.learner_config import LearnerConfig
 from rlfleet_learner.ray_start import init_local_ray
 from rlfleet_learner.workers import TrainerGroup, TrainWorker
 

@@ -467,7 +467,7 @@ def test_publish_refuses_paths_outside_the_runs_root(target: Target, tmp_path: P
 
 
 def test_resume_refuses_checkpoints_outside_the_runs_root(tmp_path: Path) -> None:
-    from rlfleet_learner.config import FleetConfig, LearnerConfig
+    from rlfleet.learner_config import FleetConfig, LearnerConfig
     from rlfleet_learner.loop import Learner
 
     root = RunsRoot(tmp_path / "runs")

@@ -20,7 +20,7 @@ from rlfleet.cli import build_parser
 from rlfleet.cliargs import HelpFormatter
 from rlfleet.local.procs import free_port, rlfleet_argv
 from rlfleet.policy.contexts import CONTEXTS, PER_TURN_CONTEXTS
-from rlfleet.policy.profiles import PROFILES
+from rlfleet.policy.profiles import profile_names
 from rlfleet.rpc.server import BindError, GrpcServer, ServerConfig
 
 # What a readiness probe must not pay for (and what the commands import when they run).
@@ -203,7 +203,7 @@ def test_choices_are_the_library_definitions() -> None:
     serve = _subparser(parser, "rollout", "serve")
     engines = typing.get_args(RolloutSettings.model_fields["engine"].annotation)
     assert list(_action(serve, "--engine").choices) == list(engines)
-    assert list(_action(serve, "--profile").choices) == list(PROFILES)
+    assert list(_action(serve, "--profile").choices) == profile_names()
     assert list(_action(_subparser(parser, "rollout", "sample"), "--context").choices) == \
         list(CONTEXTS)
     assert list(_action(_subparser(parser, "sft"), "--context").choices) == \

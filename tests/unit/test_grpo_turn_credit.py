@@ -11,7 +11,7 @@ import pytest
 from rlfleet.grpo import GRPOConfig
 from rlfleet.grpo.advantages import turn_advantages
 from rlfleet.v1 import rollout_pb2
-from rlfleet_learner.samples import NoTurnRewards, build_rows, turn_credit, trajectory_sample
+from rlfleet_learner.samples import NoTurnRewards, build_rows, trajectory_sample, turn_credit
 
 # A: three turns, solved at the end; B: two turns, one step forward and one back.
 A, B = [0.1, 0.1, 0.8], [0.1, -0.1]

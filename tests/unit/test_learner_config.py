@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rlfleet.config import ConfigError, load_config
-from rlfleet_learner.config import LearnerConfig
+from rlfleet.learner_config import LearnerConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -43,7 +43,7 @@ def test_bad_values_are_refused(bad: dict, tmp_path: Path) -> None:
 
 
 def test_deployment_environment_overrides_the_fleet_fields(tmp_path: Path) -> None:
-    from rlfleet_learner.cli import learner_config
+    from rlfleet.learner_config import load_learner_config
 
     env = {"RLFLEET_REDIS_URL": "redis://rlfleet-redis:6379/0",
            "RLFLEET_SYNC_ADDRESS": "rlfleet-ckptsync:50053", "RLFLEET_RUN": "prod",
@@ -51,21 +51,21 @@ def test_deployment_environment_overrides_the_fleet_fields(tmp_path: Path) -> No
     recipe = tmp_path / "recipe.yaml"  # the chart's kind of config: no run name of its own
     recipe.write_text("\n".join(ln for ln in (CONFIGS / "local-tiny.yaml").read_text().splitlines()
                                 if not ln.startswith("run:")) + "\n")
-    cfg = learner_config(recipe, env, steps=7)
+    cfg = load_learner_config(recipe, env, steps=7)
     assert cfg.run == "prod" and cfg.steps == 7
     assert cfg.fleet.redis_url == env["RLFLEET_REDIS_URL"]
     assert cfg.fleet.sync_address == env["RLFLEET_SYNC_ADDRESS"]
     assert str(cfg.fleet.runs_root) == "/shared/runs"
     assert str(cfg.model.path) == "/shared/models/x"
     with pytest.raises(ConfigError):
-        learner_config(tmp_path / "missing.yaml", {})
+        load_learner_config(tmp_path / "missing.yaml", {})
 
 
 def test_the_environment_never_renames_the_run_a_config_file_names(tmp_path: Path) -> None:
-    from rlfleet_learner.cli import learner_config
+    from rlfleet.learner_config import load_learner_config
 
     # local-tiny.yaml names its run "local": a different RLFLEET_RUN is refused, the same
     # one is fine.
     with pytest.raises(ConfigError, match="RLFLEET_RUN='prod'"):
-        learner_config(CONFIGS / "local-tiny.yaml", {"RLFLEET_RUN": "prod"})
-    assert learner_config(CONFIGS / "local-tiny.yaml", {"RLFLEET_RUN": "local"}).run == "local"
+        load_learner_config(CONFIGS / "local-tiny.yaml", {"RLFLEET_RUN": "prod"})
+    assert load_learner_config(CONFIGS / "local-tiny.yaml", {"RLFLEET_RUN": "local"}).run == "local"

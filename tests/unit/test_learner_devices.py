@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlfleet_learner.config import LearnerConfig
+from rlfleet.learner_config import LearnerConfig
 from rlfleet_learner.devices import DeviceError, check_device
 from rlfleet_learner.distributed import (
     ClusterTooSmall,

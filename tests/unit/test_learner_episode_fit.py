@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from rlfleet.learner_config import LearnerConfig
 from rlfleet.policy import load_processor
-from rlfleet_learner.config import LearnerConfig
 from rlfleet_learner.episode_fit import check_episodes_fit, episode_turns
 
 

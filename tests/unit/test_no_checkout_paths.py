@@ -61,8 +61,8 @@ def test_missing_crd_schemas_are_one_clear_line(tmp_path: Path, monkeypatch, cap
 def test_local_run_config_from_the_repository_root(monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.chdir(ROOT)
     cfg = local_run.learner_config(local_run.DEFAULT_CONFIG, run="r1", steps=3)
-    assert (cfg["run"], cfg["steps"]) == ("r1", 3)
-    assert cfg["model"]["path"] == str(ROOT / "checkpoints" / "tiny-sft")
+    assert (cfg.run, cfg.steps) == ("r1", 3)
+    assert cfg.model.path == ROOT / "checkpoints" / "tiny-sft"
 
 
 def test_local_run_config_given_explicitly_from_another_directory(tmp_path: Path,
@@ -72,8 +72,8 @@ def test_local_run_config_given_explicitly_from_another_directory(tmp_path: Path
     config.write_text(yaml.safe_dump({"steps": 5, "model": {"path": "models/sft"}}))
     monkeypatch.chdir(tmp_path)
     cfg = local_run.learner_config(config, run="r2", steps=None)
-    assert (cfg["run"], cfg["steps"]) == ("r2", 5)
-    assert cfg["model"]["path"] == str(tmp_path / "models" / "sft")  # relative to the cwd
+    assert (cfg.run, cfg.steps) == ("r2", 5)
+    assert cfg.model.path == tmp_path / "models" / "sft"  # relative to the cwd
 
 
 def test_local_run_without_its_config_is_a_clear_usage_error(tmp_path: Path, monkeypatch,
@@ -85,3 +85,21 @@ def test_local_run_without_its_config_is_a_clear_usage_error(tmp_path: Path, mon
     err = capsys.readouterr().err
     assert "no config file configs/local-tiny.yaml" in err and "--config FILE" in err
     assert not (tmp_path / "runs").exists()  # nothing was started or written
+
+
+@pytest.mark.parametrize(("module", "argv", "message"), [
+    ("run", ["--replicas", "two"], "argument --replicas: invalid int value: 'two'"),
+    ("baseline", ["--env-address", "nope"], "argument --env-address: not HOST:PORT: 'nope'"),
+])
+def test_make_run_and_baseline_parse_with_the_clis_parser(
+        module: str, argv: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
+    from rlfleet.local import baseline
+
+    main = {"run": local_run.main, "baseline": baseline.main}[module]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    # rlfleet.cliargs.Parser: one line, naming the command and its --help
+    assert err.count("\n") == 1 and message in err
+    assert f"(see: python -m rlfleet.local.{module} --help)" in err

@@ -161,3 +161,57 @@ def test_a_reward_declares_its_range() -> None:
 
     with pytest.raises(RegistryError, match="reward_range"):
         RewardRegistry().add(bad)
+
+
+# A process of its own: the profile and format registries discover their entry points once
+# per process, and this one has the plugins on its path from the start.
+PROFILE_PLUGIN = """
+import json
+from rlfleet.cli import build_parser
+from rlfleet.learner_config import LearnerConfig
+from rlfleet.maze import generate_layout
+from rlfleet.maze.episode import MazeEpisode
+from rlfleet.policy.profiles import SERVING_PROFILES, serving_profile
+from rlfleet_rollout.settings import RolloutSettings
+
+profile = serving_profile("test-vlm")
+args = build_parser().parse_args(["rollout", "serve", "--profile", "test-vlm"])
+episode = MazeEpisode(generate_layout(0, 7), action_format="tags-visgym", cell_px=25)
+step = episode.step("<action>up</action>")
+print(json.dumps({
+    "source": SERVING_PROFILES.source("test-vlm"),
+    "vllm": profile.vllm_kwargs(max_staleness=1),
+    "flag": args.profile,
+    "rollout": RolloutSettings(profile="test-vlm").profile,
+    "learner": LearnerConfig.model_validate({"model": {"profile": "test-vlm"}}).model.profile,
+    "format": [str(episode.action_format), episode.visgym, step.parsed],
+}))
+"""
+
+
+def test_a_plugin_adds_a_policy_profile_and_an_action_format() -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(PLUGINS / "site"), os.environ["PYTHONPATH"]])}
+    out = subprocess.run([sys.executable, "-c", PROFILE_PLUGIN], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert "rlfleet-test-plugins 0.1.0" in got["source"]
+    assert got["vllm"] == {"dtype": "bfloat16", "max_model_len": 8192, "max_lora_rank": 16,
+                           "max_loras": 2, "max_images_per_prompt": 10}
+    assert got["flag"] == got["rollout"] == got["learner"] == "test-vlm"
+    assert got["format"] == ["tags", True, True]  # tags read, VisGym's sentences
+
+
+def test_an_unknown_profile_names_the_known_ones() -> None:
+    from rlfleet.config import ConfigError, load_config
+    from rlfleet.learner_config import LearnerConfig
+
+    with pytest.raises(ConfigError, match=r"unknown policy profile 'nope'; registered: "
+                                          r"\['qwen3-vl-8b', 'tiny'"):
+        load_config(LearnerConfig, overrides={"model": {"profile": "nope"}}, env={})

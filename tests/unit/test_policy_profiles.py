@@ -45,7 +45,7 @@ def test_vllm_arguments_come_from_the_profile() -> None:
 
 def test_every_profile_holds_its_episode(tiny_model_dir: Path) -> None:
     processor = load_processor(tiny_model_dir)
-    for name, p in SERVING_PROFILES.items():
+    for name, p in SERVING_PROFILES.load_all().items():
         frame = processor.image_token_count(Image.new("RGB", (p.frame_px, p.frame_px)))
         p.check_fits(frame)  # raises if not
         assert p.episode_tokens(frame) <= p.max_model_len, name

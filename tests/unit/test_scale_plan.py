@@ -12,7 +12,7 @@ import yaml
 from bench.gpu.model import QWEN3_VL_8B, image_processor, lora_params, weight_params
 
 from rlfleet.config import load_config
-from rlfleet_learner.config import LearnerConfig
+from rlfleet.learner_config import LearnerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 
 from rlfleet.engines.base import Generation
+from rlfleet.learner_config import DataConfig
 from rlfleet.maze import generate_layout
 from rlfleet.maze.episode import MazeEpisode
 from rlfleet.maze.layout import Layout
@@ -32,7 +33,6 @@ from rlfleet.rpc.errors import FailedPrecondition, InvalidArgument
 from rlfleet.tasks.maze import MazeTaskEpisode, episode_from_spec
 from rlfleet.v1 import common_pb2, rollout_pb2
 from rlfleet_env.convert import observation_proto
-from rlfleet_learner.config import DataConfig
 from rlfleet_rollout.episodes import EpisodeBuffer, GroupPlayer
 from tests import visgym_reference as ref
 from tests.factories import SFT
@@ -241,7 +241,7 @@ def test_observations_carry_the_jpeg_media_type_in_a_data_url() -> None:
 def test_the_production_config_selects_the_visgym_profile_the_goldens_pin() -> None:
     import yaml
 
-    from rlfleet_learner.config import LearnerConfig
+    from rlfleet.learner_config import LearnerConfig
     from tests.factories import REPO
 
     cfg = LearnerConfig.model_validate(

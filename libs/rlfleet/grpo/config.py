@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import ConfigDict, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from rlfleet.config import ClosedModel
 
@@ -19,48 +19,46 @@ class GRPOConfig(ClosedModel):
     """GRPO settings. Defaults follow SkyRL's GRPO defaults except ``kl_coef`` (SkyRL: 0.001).
 
     A frozen pydantic model: the learner config's ``grpo`` section, so a file, the
-    environment (``RLFLEET_GRPO__KL_COEF``) and flags all reach it the same way.
-
-    - ``advantage_estimator`` / ``policy_loss`` / ``kl_estimator``: names in the registries of
-      ``rlfleet.grpo.advantages`` / ``rlfleet.grpo.losses``.
-    - ``clip_low`` / ``clip_high``: the ratio is clipped to [1 - clip_low, 1 + clip_high].
-    - ``dual_clip``: for negative advantages the per-token loss is capped at
-      ``dual_clip * |A|`` (Ye et al. 2020); ``None`` disables it. Must be > 1.
-    - ``kl_coef``: weight of the KL(policy || reference) term; 0 disables it (and the caller
-      then need not compute reference logprobs).
-    - ``loss_reduction``: ``token_mean`` = mean over all loss tokens of the step;
-      ``sequence_mean`` = mean over tokens within each trajectory, then over trajectories
-      (SkyRL's "seq-mean-token-mean").
-    - ``std_normalize``: divide group-centred rewards by the group std; False is Dr. GRPO.
-    - ``eps``: added to the group std before dividing.
-    - ``max_staleness``: trajectories sampled with adapter version < current - max_staleness
-      are dropped.
-    - ``micro_batch_size``: trajectories per forward/backward (gradient accumulation).
-    - ``temperature``: the sampling temperature; logits are divided by it before computing
-      the learner's logprobs so that the importance ratio compares like with like.
-    - ``credit``: ``episode`` trains every turn of a trajectory on its one advantage;
-      ``turn`` trains each turn on its return-to-go against the group's (per-turn credit,
-      ``advantages.turn_advantages``), from the reward service's split of the reward over
-      the turns (a reward that gives none, e.g. ``task``, is refused at the first step).
-      Per-turn credit applies to the per-turn contexts (one row per turn).
+    environment (``RLFLEET_GRPO__KL_COEF``) and flags all reach it the same way. Each
+    field's description says what it does (``--help``, the chart's schema, the docs).
     """
 
     model_config = ConfigDict(frozen=True)  # and ClosedModel's: unknown keys refused
 
-    advantage_estimator: str = "grpo"
-    policy_loss: str = "ppo_clip"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = 3.0
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    loss_reduction: LossReduction = "token_mean"
-    std_normalize: bool = True
-    eps: float = 1e-6
-    max_staleness: int = 1
-    micro_batch_size: int = 8
-    temperature: float = 1.0
-    credit: Literal["episode", "turn"] = "episode"
+    advantage_estimator: str = Field(
+        "grpo", description="a name in the registry of rlfleet.grpo.advantages")
+    policy_loss: str = Field("ppo_clip", description="a name in the policy-loss registry of "
+                             "rlfleet.grpo.losses")
+    clip_low: float = Field(0.2, description="the ratio is clipped to [1 - clip_low, "
+                            "1 + clip_high]")
+    clip_high: float = Field(0.2, description="see clip_low")
+    dual_clip: float | None = Field(
+        3.0, description="for negative advantages the per-token loss is capped at "
+        "dual_clip * |A| (Ye et al. 2020); none disables it. Must be > 1")
+    kl_coef: float = Field(0.0, description="weight of the KL(policy || reference) term; 0 "
+                           "disables it (and the reference logprobs are not computed)")
+    kl_estimator: str = Field("k3", description="a name in the KL-estimator registry of "
+                              "rlfleet.grpo.losses")
+    loss_reduction: LossReduction = Field(
+        "token_mean", description="token_mean: mean over all loss tokens of the step; "
+        "sequence_mean: mean over tokens within each trajectory, then over trajectories "
+        "(SkyRL's seq-mean-token-mean)")
+    std_normalize: bool = Field(True, description="divide group-centred rewards by the "
+                                "group std; false is Dr. GRPO")
+    eps: float = Field(1e-6, description="added to the group std before dividing")
+    max_staleness: int = Field(1, description="trajectories sampled with adapter version < "
+                               "current - max_staleness are dropped")
+    micro_batch_size: int = Field(8, description="trajectories per forward/backward "
+                                  "(gradient accumulation)")
+    temperature: float = Field(
+        1.0, description="the sampling temperature; logits are divided by it before the "
+        "learner's logprobs, so that the importance ratio compares like with like")
+    credit: Literal["episode", "turn"] = Field(
+        "episode", description="episode: every turn of a trajectory trains on its one "
+        "advantage; turn: each turn trains on its return-to-go against the group's at the "
+        "same turn (per-turn credit, rlfleet.grpo.advantages.turn_advantages), from the "
+        "reward's split over the turns (a reward without one, e.g. task, is refused at the "
+        "first step); for the per-turn contexts")
 
     @field_validator(*_REALS, mode="before")
     @classmethod

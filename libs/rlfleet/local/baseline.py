@@ -7,7 +7,6 @@ so this is also an end-to-end check of the env service.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -16,6 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rlfleet.cliargs import DocHelpFormatter, Parser
+from rlfleet.cliargs import address as address_type
 from rlfleet.clients.env import EnvClient
 from rlfleet.clients.reward import RewardClient
 from rlfleet.maze.actions import Action, ActionFormat, format_action
@@ -126,10 +127,14 @@ def print_table(summary: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--env-address", help="use a running env service instead of starting one")
-    parser.add_argument("--out", type=Path, default=Path("runs/baseline/summary.json"))
-    parser.add_argument("--task", default="maze_2d")
+    parser = Parser(prog="python -m rlfleet.local.baseline", description=__doc__,
+                    formatter_class=DocHelpFormatter)
+    parser.add_argument("--env-address", type=address_type, metavar="HOST:PORT",
+                        help="use a running env service instead of starting one (default: "
+                             "start one)")
+    parser.add_argument("--out", type=Path, default=Path("runs/baseline/summary.json"),
+                        help="where the summary is written")
+    parser.add_argument("--task", default="maze_2d", help="the env task played")
     args = parser.parse_args(argv)
     if args.env_address:
         run(args.env_address, args.out, args.task)

@@ -14,7 +14,6 @@ RLFLEET_CONSOLE (human|json), decided from this command's own stdout: set it to 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
@@ -29,7 +28,9 @@ from typing import IO
 import yaml
 
 from rlfleet import defaults
+from rlfleet.cliargs import DocHelpFormatter, Parser
 from rlfleet.config import TOKEN_NAME, fleet_token
+from rlfleet.learner_config import LearnerConfig, load_learner_config, updated
 from rlfleet.local.metrics_jsonl import read_events
 from rlfleet.local.plots import learning_curve
 from rlfleet.local.stack import start_stack
@@ -43,24 +44,18 @@ DEFAULT_CONFIG = Path("configs", "local-tiny.yaml")
 DEFAULT_RUNS_ROOT = Path("runs")
 
 
-def learner_config(path: Path, *, run: str, steps: int | None) -> dict:
-    """The learner config of a local run: the file at `path` with the run's id (and steps,
-    if given); a relative model path in it is resolved against the current directory, the
-    directory the config's paths are written for (the repository root)."""
+def learner_config(path: Path, *, run: str, steps: int | None) -> LearnerConfig:
+    """The learner config of a local run: the file at `path` (with the environment, as the
+    learner reads it) with the run's id (and steps, if given); a relative model path in it
+    is resolved against the current directory, the directory the config's paths are
+    written for (the repository root)."""
     if not path.is_file():
         where = "" if path.is_absolute() else f" (under {Path.cwd()})"
         raise FileNotFoundError(f"no config file {path}{where}: run from the repository root "
                                 "or give --config FILE")
-    cfg = yaml.safe_load(path.read_text())
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{path}: a learner config is a mapping, got {type(cfg).__name__}")
-    if steps is not None:
-        cfg["steps"] = steps
-    cfg["run"] = run
-    model_cfg = cfg.setdefault("model", {})
-    model_path = model_cfg.get("path")
-    if model_path and not Path(model_path).is_absolute():
-        model_cfg["path"] = str(Path(model_path).resolve())
+    cfg = load_learner_config(path, run=run, steps=steps)
+    if cfg.model.path is not None and not cfg.model.path.is_absolute():
+        cfg = updated(cfg, {"model": {"path": cfg.model.path.resolve()}})
     return cfg
 
 
@@ -174,16 +169,16 @@ def targets_table(summary: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m rlfleet.local.run", description=__doc__,
+                    formatter_class=DocHelpFormatter)
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
                         help="learner config (default: %(default)s, from the current "
                              "directory)")
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="GRPO steps (default: the config's)")
+    parser.add_argument("--replicas", type=int, default=2, help="rollout replicas")
     parser.add_argument("--reward", default="task",
-                        help="the reward function the fleet scores with, by name "
-                             "(default: %(default)s)")
+                        help="the reward function the fleet scores with, by name")
     parser.add_argument("--run", default=None, help="run id (default: local-<time>)")
     parser.add_argument("--runs-root", type=Path, default=DEFAULT_RUNS_ROOT,
                         help="where the run's directory is made (default: %(default)s, from "
@@ -198,17 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     run = args.run or time.strftime("local-%Y%m%d-%H%M%S")
     try:
         cfg = learner_config(args.config, run=run, steps=args.steps)
-    except (OSError, ValueError, yaml.YAMLError) as exc:
+    except (OSError, ValueError) as exc:  # ConfigError is a ValueError
         parser.error(str(exc))
-    model_cfg = cfg["model"]
-    model_dir = resolve_model_dir(model_cfg.get("profile", "tiny"), model_cfg.get("path"),
-                                  defaults.cache_dir())
-    model_cfg["path"] = str(model_dir)
+    model_dir = resolve_model_dir(cfg.model.profile, cfg.model.path, defaults.cache_dir())
     runs_root = args.runs_root.resolve()
     run_dir = runs_root / run
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"rlfleet local run {run}: model {model_dir}, {args.replicas} rollout replicas, "
-          f"{cfg['steps']} GRPO steps; output in {run_dir}", flush=True)
+          f"{cfg.steps} GRPO steps; output in {run_dir}", flush=True)
 
     interrupted = False
 
@@ -228,11 +220,11 @@ def main(argv: list[str] | None = None) -> int:
                         log=lambda m: print(f"  {m}", flush=True))
     learner_rc = 1
     try:
-        cfg.setdefault("fleet", {}).update(
-            redis_url=stack.redis_url, sync_address=stack.sync_address,
-            runs_root=str(runs_root), min_replicas=args.replicas)
+        cfg = updated(cfg, {"model": {"path": model_dir}, "fleet": {
+            "redis_url": stack.redis_url, "sync_address": stack.sync_address,
+            "runs_root": runs_root, "min_replicas": args.replicas}})
         config_path = run_dir / "learner.yaml"
-        config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         console = learner_console_env()
         if console[CONSOLE_ENV] == "human":
             print(f"  learner: a line per step here; its JSON log in "
@@ -273,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": steps[-1]["step"] if steps else 0,
         "wall_clock_s": round(wall, 1),
         "replicas": args.replicas,
-        "config": cfg,
+        "config": cfg.model_dump(mode="json"),
         "before": {k: before[k] for k in SUMMARY_SETS if k in before},
         "after": {k: after[k] for k in SUMMARY_SETS if k in after},
         "change_points": {k: round(100 * (after[k]["solve_rate"] - before[k]["solve_rate"]), 2)

@@ -51,9 +51,10 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
+from typing import NamedTuple
 
 from rlfleet.maze.layout import DIRECTION_DELTAS, Position
-from rlfleet.names import ACTION_FORMATS
+from rlfleet.registries import FORMAT_PROFILES_GROUP, Registry
 
 MAX_SCAN_CHARS = 8192
 # Characters of failed candidate tuples the harness search may read before it gives up.
@@ -84,24 +85,36 @@ class Feedback(StrEnum):
     VISGYM = "visgym"
 
 
-# What each action-format name means: the two syntaxes, and "visgym", the literal syntax
-# with VisGym's feedback sentences. The names are the proto enum rlfleet.v1.ActionFormat's
-# (`ACTION_FORMATS`, derived in rlfleet.names); a test holds the keys equal to them.
-FORMAT_PROFILES: dict[str, tuple[ActionFormat, Feedback]] = {
-    "literal": (ActionFormat.LITERAL, Feedback.RLFLEET),
-    "tags": (ActionFormat.TAGS, Feedback.RLFLEET),
-    "visgym": (ActionFormat.LITERAL, Feedback.VISGYM),
-}
+class FormatProfile(NamedTuple):
+    """What an action-format name means: the syntax that is read and whose sentences the
+    episode answers with."""
+
+    syntax: ActionFormat
+    feedback: Feedback
 
 
-def resolve_format(name: ActionFormat | str) -> tuple[ActionFormat, Feedback]:
+def _is_format_profile(obj: object) -> bool:
+    return isinstance(obj, FormatProfile)
+
+
+# The action formats by name: the two syntaxes, and "visgym", the literal syntax with
+# VisGym's feedback sentences. rlfleet's names are the proto enum rlfleet.v1.ActionFormat's
+# (`ACTION_FORMATS`, derived in rlfleet.names; a test holds them equal); a package adds
+# one through the `rlfleet.format_profiles` entry-point group, used where a maze episode is
+# made in its process (a TaskSpec on the wire carries only the enum's names).
+FORMAT_PROFILES: Registry[FormatProfile] = Registry(
+    "action format", FORMAT_PROFILES_GROUP, is_kind=_is_format_profile, autodiscover=True)
+FORMAT_PROFILES.add("literal", FormatProfile(ActionFormat.LITERAL, Feedback.RLFLEET))
+FORMAT_PROFILES.add("tags", FormatProfile(ActionFormat.TAGS, Feedback.RLFLEET))
+FORMAT_PROFILES.add("visgym", FormatProfile(ActionFormat.LITERAL, Feedback.VISGYM))
+
+
+def resolve_format(name: ActionFormat | str) -> FormatProfile:
     """(syntax, feedback) of an action-format name; ValueError naming the known ones."""
-    try:
-        return FORMAT_PROFILES[str(name)]
-    except KeyError:
-        raise ValueError(
-            f"action_format must be one of {ACTION_FORMATS}, got {name!r}"
-        ) from None
+    if str(name) not in FORMAT_PROFILES:
+        raise ValueError(f"action_format must be one of {tuple(FORMAT_PROFILES.names())}, "
+                         f"got {name!r}")
+    return FORMAT_PROFILES.get(str(name))
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# The policy profiles, defined here once (settings, CLI choices and serving profiles use
-# them). This module imports no torch at import time, so the `rlfleet` command can read it.
-PROFILES = ("tiny", "qwen3-vl-8b")
+from rlfleet.registries import SERVING_PROFILES_GROUP, Registry
+
+# The policy profiles are the entries of SERVING_PROFILES (below): rlfleet's own and a
+# package's (the `rlfleet.serving_profiles` entry-point group). This module imports no
+# torch at import time, so the `rlfleet` command can read it.
+TINY = "tiny"  # the one profile that builds its own model (rlfleet.policy.tiny)
 
 
 def resolve_model_dir(
@@ -20,11 +23,10 @@ def resolve_model_dir(
     """The local model directory of ``profile``.
 
     ``tiny``: ``model_path`` if given (an existing tiny directory), else the cached tiny
-    build under ``cache_dir`` (built on first use). ``qwen3-vl-8b``: ``model_path`` is
-    required and must be a local checkpoint directory.
+    build under ``cache_dir`` (built on first use). Every other profile (``qwen3-vl-8b``,
+    a plugin's): ``model_path`` is required and must be a local checkpoint directory.
     """
-    if profile not in PROFILES:
-        raise ValueError(f"unknown policy profile {profile!r}; expected one of {PROFILES}")
+    SERVING_PROFILES.check(profile)  # RegistryError (a ValueError) naming the known ones
     from rlfleet.policy.loading import check_checkpoint
     from rlfleet.policy.tiny import ensure_tiny_model
 
@@ -33,7 +35,7 @@ def resolve_model_dir(
         # vLLM, the learner), so an incomplete checkpoint fails at start with one error
         # naming each missing piece, not deep inside transformers or vLLM.
         return check_checkpoint(model_path)
-    if profile == "tiny":
+    if profile == TINY:
         if cache_dir is None:
             raise ValueError("tiny profile needs model_path or cache_dir")
         return ensure_tiny_model(Path(cache_dir), seed=seed)
@@ -95,21 +97,37 @@ class ServingProfile:
         return kwargs
 
 
-SERVING_PROFILES: dict[str, ServingProfile] = {
-    # the tiny policy on the CPU: 7x7 mazes at 16 px per cell, LoRA up to r32
-    "tiny": ServingProfile(max_model_len=4096, max_lora_rank=32, max_turns=15, frame_px=112,
-                           max_new_tokens=16),
-    # Qwen3-VL-8B on one GPU of an ml.g7e.12xlarge (configs/qwen3-vl-8b-hyperpod.yaml):
-    # 9x9 mazes at VisGym's 25 px (225 px frames), 15 turns of full history, LoRA r32,
-    # 64 new tokens a turn; bf16 weights, 85 % of the GPU for vLLM.
-    "qwen3-vl-8b": ServingProfile(max_model_len=16384, max_lora_rank=32, max_turns=15,
-                                  frame_px=225, max_new_tokens=64,
-                                  dtype="bfloat16", gpu_memory_utilization=0.85),
-}
+def _is_serving_profile(obj: object) -> bool:
+    return isinstance(obj, ServingProfile)
+
+
+# The policy profiles by name; a package adds one for its model without editing rlfleet
+# (an entry point of the `rlfleet.serving_profiles` group naming a ServingProfile).
+SERVING_PROFILES: Registry[ServingProfile] = Registry(
+    "policy profile", SERVING_PROFILES_GROUP, is_kind=_is_serving_profile, autodiscover=True)
+# the tiny policy on the CPU: 7x7 mazes at 16 px per cell, LoRA up to r32
+SERVING_PROFILES.add(TINY, ServingProfile(max_model_len=4096, max_lora_rank=32, max_turns=15,
+                                          frame_px=112, max_new_tokens=16))
+# Qwen3-VL-8B on one GPU of an ml.g7e.12xlarge (configs/qwen3-vl-8b-hyperpod.yaml):
+# 9x9 mazes at VisGym's 25 px (225 px frames), 15 turns of full history, LoRA r32,
+# 64 new tokens a turn; bf16 weights, 85 % of the GPU for vLLM.
+SERVING_PROFILES.add("qwen3-vl-8b", ServingProfile(
+    max_model_len=16384, max_lora_rank=32, max_turns=15, frame_px=225, max_new_tokens=64,
+    dtype="bfloat16", gpu_memory_utilization=0.85))
 
 
 def serving_profile(profile: str) -> ServingProfile:
-    if profile not in SERVING_PROFILES:
-        raise ValueError(f"unknown policy profile {profile!r}; expected one of "
-                         f"{sorted(SERVING_PROFILES)}")
-    return SERVING_PROFILES[profile]
+    """The serving profile called `profile`; RegistryError (a ValueError) naming the known
+    ones for another name."""
+    return SERVING_PROFILES.get(profile)
+
+
+def profile_names() -> list[str]:
+    """Every policy profile's name (rlfleet's and the installed packages')."""
+    return SERVING_PROFILES.names()
+
+
+def known_profile(profile: str) -> str:
+    """`profile` when it is a policy profile: the check of a settings field."""
+    SERVING_PROFILES.check(profile)
+    return profile

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlfleet import defaults
-from rlfleet.registries import REWARDS_GROUP, Registry, RegistryError
+from rlfleet.registries import BUILT_IN, REWARDS_GROUP, Registry, RegistryError
 from rlfleet.tasks import StepResult, TaskEpisode
 
 __all__ = [
@@ -236,7 +236,7 @@ class RewardRegistry:
             "reward", REWARDS_GROUP, is_kind=lambda o: isinstance(o, RewardFunction),
             name_of=lambda r: r.name)
 
-    def add(self, reward: RewardFunction, description: str = "rlfleet (built in)"
+    def add(self, reward: RewardFunction, description: str = BUILT_IN
             ) -> RewardRegistry:
         self._registry.add(check_reward(reward).name, reward, description)
         return self

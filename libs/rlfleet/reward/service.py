@@ -107,8 +107,9 @@ class RewardSettings(ServiceSettings):
 
     port: int = Field(defaults.REWARD_PORT, ge=0, le=65535)
     metrics_port: int | None = Field(defaults.REWARD_METRICS_PORT, ge=0, le=65535)
-    # short calls: replicas follow a swap behind a Kubernetes Service (ServiceSettings)
-    max_connection_age_s: float | None = Field(30.0, gt=0)
+    max_connection_age_s: float | None = Field(
+        30.0, gt=0, description="short calls: replicas follow a swap behind a Kubernetes "
+        "Service within this long")
 
 
 def build_server(reward: RewardFunction, settings: ServiceSettings,
@@ -132,8 +133,7 @@ def main(reward: RewardFunction, argv: Sequence[str] | None = None, *, prog: str
     )
     parser = Parser(prog=prog, description=f"the {reward.name} {reward.version} reward service")
     add_common_args(parser, model)
-    add_setting(parser, "--grace-s", model, type=float,
-                help="seconds calls in flight get to finish on SIGTERM")
+    add_setting(parser, "--grace-s", model, type=float)  # help: the field's description
     args = parser.parse_args(argv)
     settings = settings_or_exit(model, args, f"reward {reward.name}")
     return run(build_server(reward, settings), reward, settings)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -226,21 +225,6 @@ def open_channel(
     if token:
         channel = grpc.intercept_channel(channel, _TokenInterceptor(token))
     return channel
-
-
-def client_tls_from_env(env: dict[str, str] | None = None) -> dict[str, Path] | None:
-    """TLS options for a process without service settings (the learner), from the same
-    variables the services read: RLFLEET_TLS_CA (else RLFLEET_TLS_CLIENT_CA) is the CA
-    that signed the servers; RLFLEET_TLS_CERT / RLFLEET_TLS_KEY the client certificate.
-    None when no CA is set (plaintext)."""
-    env = dict(os.environ if env is None else env)
-    ca = env.get("RLFLEET_TLS_CA") or env.get("RLFLEET_TLS_CLIENT_CA")
-    if not ca:
-        return None
-    tls = {"ca_file": Path(ca)}
-    if env.get("RLFLEET_TLS_CERT") and env.get("RLFLEET_TLS_KEY"):
-        tls.update(cert_file=Path(env["RLFLEET_TLS_CERT"]), key_file=Path(env["RLFLEET_TLS_KEY"]))
-    return tls
 
 
 class RpcClient:

@@ -27,7 +27,7 @@ from typing import Any
 
 from rlfleet import limits
 from rlfleet.maze.episode import EpisodeDone
-from rlfleet.registries import TASKS_GROUP, Registry, RegistryError
+from rlfleet.registries import BUILT_IN, TASKS_GROUP, Registry, RegistryError
 from rlfleet.rpc.errors import InvalidArgument, NotFound
 
 __all__ = [
@@ -308,7 +308,7 @@ class TaskRegistry:
             name_of=lambda t: t.info.name)
 
     def add(self, task: Task | Any, name: str | None = None,
-            description: str = "rlfleet (built in)") -> TaskRegistry:
+            description: str = BUILT_IN) -> TaskRegistry:
         self._registry.add(name or task.info.name, task, description)
         return self
 

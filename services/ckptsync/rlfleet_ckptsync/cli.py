@@ -37,12 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p_sub = p.add_subparsers(dest="subcommand", required=True)
     serve = p_sub.add_parser("serve", help="publish adapter versions, track replicas")
     add_common_args(serve, SETTINGS)
-    add_setting(serve, "--redis-url", SETTINGS, metavar="URL", help="the fleet store")
-    add_setting(serve, "--runs-root", SETTINGS, type=Path, metavar="DIR",
-                help="runs directory (adapter versions on /shared)")
-    add_setting(serve, "--keep-last", SETTINGS, type=int, metavar="N",
-                help="adapter versions kept per run")
-    add_setting(serve, "--gc-delay-s", SETTINGS, type=float, metavar="SECONDS",
-                help="collect old versions at the latest this long after a publish (sooner "
-                     "once every replica serves the new one)")
+    # every flag's help is its settings field's description (SyncSettings)
+    add_setting(serve, "--redis-url", SETTINGS, metavar="URL")
+    add_setting(serve, "--runs-root", SETTINGS, type=Path, metavar="DIR")
+    add_setting(serve, "--keep-last", SETTINGS, type=int, metavar="N")
+    add_setting(serve, "--gc-delay-s", SETTINGS, type=float, metavar="SECONDS")
     serve.set_defaults(func=_serve)

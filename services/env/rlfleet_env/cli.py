@@ -30,21 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "--skyrl-env; reward functions from rlfleet (task, format+task) and from "
                     "`rlfleet.rewards` entry points.")
     add_common_args(serve, SETTINGS)
-    add_setting(serve, "--role", SETTINGS, choices=field_choices(SETTINGS, "role"),
-                help="which contracts to serve (env+reward: both on one port; run env and "
-                     "reward apart to change one without the other, and point replicas at "
-                     "both with --env-address and --reward-address)")
-    add_setting(serve, "--reward", SETTINGS,
-                help="reward function: task, format+task, or the name of an "
-                     "`rlfleet.rewards` entry point")
-    add_setting(serve, "--tasks", SETTINGS, metavar="NAME[,NAME...]",
-                help="task names to serve (default: [], every registered task)")
-    add_setting(serve, "--skyrl-env", SETTINGS, action="append", metavar="ENV_ID[=DATA]",
-                help="serve a registered skyrl-gym environment as task skyrl:ENV_ID; DATA is "
-                     "a JSON-lines file of SkyRL dataset rows (prompt, reward_spec, "
-                     "extra_info), row = seed mod rows (repeatable; default: none)")
-    add_setting(serve, "--max-episodes", SETTINGS, type=int, metavar="N",
-                help="episodes open at once")
-    add_setting(serve, "--episode-ttl-s", SETTINGS, type=float, metavar="SECONDS",
-                help="an idle episode is closed after this long")
+    # every flag's help is its settings field's description (EnvSettings)
+    add_setting(serve, "--role", SETTINGS, choices=field_choices(SETTINGS, "role"))
+    add_setting(serve, "--reward", SETTINGS)
+    add_setting(serve, "--tasks", SETTINGS, metavar="NAME[,NAME...]")
+    add_setting(serve, "--skyrl-env", SETTINGS, action="append", metavar="ENV_ID[=DATA]")
+    add_setting(serve, "--max-episodes", SETTINGS, type=int, metavar="N")
+    add_setting(serve, "--episode-ttl-s", SETTINGS, type=float, metavar="SECONDS")
     serve.set_defaults(func=_serve)

@@ -38,20 +38,28 @@ def _split(value: object) -> object:
 class EnvSettings(ServiceSettings):
     port: int = Field(defaults.ENV_PORT, ge=0, le=65535)
     metrics_port: int | None = Field(defaults.ENV_METRICS_PORT, ge=0, le=65535)
-    # env and reward calls are short: a replica's connection moves to whatever the
-    # Service selects (a reward swap by `helm upgrade`) within this long
-    max_connection_age_s: float | None = Field(30.0, gt=0)
-    # a built-in ("task", "format+task") or an `rlfleet.rewards` entry point
-    reward: str = "task"
-    max_episodes: int = Field(100_000, ge=1)
-    episode_ttl_s: float = Field(600.0, gt=0)
-    role: Literal["env+reward", "env", "reward"] = "env+reward"
-    # serve only these tasks (names of the registry); empty = all of them
+    max_connection_age_s: float | None = Field(
+        30.0, gt=0, description="env and reward calls are short: a replica's connection "
+        "moves to whatever the Service selects (a reward swap by `helm upgrade`) within "
+        "this long")
+    reward: str = Field("task", description="reward function: task, format+task, or the "
+                        "name of an `rlfleet.rewards` entry point")
+    max_episodes: int = Field(100_000, ge=1, description="episodes open at once")
+    episode_ttl_s: float = Field(600.0, gt=0, description="an idle episode is closed after "
+                                 "this long")
+    role: Literal["env+reward", "env", "reward"] = Field(
+        "env+reward", description="which contracts to serve (env+reward: both on one port; "
+        "run env and reward apart to change one without the other, and point replicas at "
+        "both with --env-address and --reward-address)")
     # comma-separated in RLFLEET_TASKS / RLFLEET_SKYRL_ENV (NoDecode: not JSON)
-    tasks: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    # SkyRL environments to serve as tasks: "ENV_ID" or "ENV_ID=DATASET" (a JSON-lines
-    # file of SkyRL dataset rows); task name "skyrl:ENV_ID" (rlfleet.tasks.skyrl)
-    skyrl_env: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    tasks: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="task names to serve, comma-separated; empty: "
+        "every registered task")
+    skyrl_env: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="registered skyrl-gym environments to serve as "
+        "tasks skyrl:ENV_ID (rlfleet.tasks.skyrl): ENV_ID or ENV_ID=DATA, DATA a JSON-lines "
+        "file of SkyRL dataset rows (prompt, reward_spec, extra_info), row = seed mod rows "
+        "(a repeatable flag)")
 
     @field_validator("tasks", "skyrl_env", mode="before")
     @classmethod

@@ -10,42 +10,13 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Mapping
 from pathlib import Path
 
-from rlfleet.cliargs import LOG_LEVELS, add_set_flag, assignments
+from rlfleet.cliargs import LOG_LEVELS, add_learner_args
 
 # Registering `rlfleet learner` imports no more than this; yaml, pydantic, ray and torch
 # are imported by the functions that use them.
 log = logging.getLogger(__name__)
-
-
-# Every field reads RLFLEET_<FIELD> / RLFLEET_<SECTION>__<FIELD> (rlfleet.config). These
-# shorter names are the ones a deployment sets for every pod (the Helm chart does): the
-# fleet's addresses belong to the deployment, not to the training recipe.
-ENV_ALIASES = {
-    "RLFLEET_REDIS_URL": "fleet.redis_url",
-    "RLFLEET_SYNC_ADDRESS": "fleet.sync_address",
-    "RLFLEET_RUNS_ROOT": "fleet.runs_root",
-    "RLFLEET_MODEL": "model.path",
-}
-
-
-def learner_config(path: str | Path, env: Mapping[str, str], **flags: object):  # noqa: ANN201
-    """The learner config: the YAML file, then the environment, then flags (steps, run)."""
-    from rlfleet.config import ConfigError, load_config, read_config_file
-    from rlfleet_learner.config import LearnerConfig
-
-    # A deployment names the run (the chart's RLFLEET_RUN); a config file that names
-    # another would be renamed behind its author's back: refuse instead.
-    named = read_config_file(path).get("run")
-    if env.get("RLFLEET_RUN") and named and env["RLFLEET_RUN"] != named:
-        raise ConfigError(
-            f"{path} names the run {named!r} but RLFLEET_RUN={env['RLFLEET_RUN']!r}: "
-            "give both the same name, or drop `run` from the file (the chart's `run` value "
-            "sets RLFLEET_RUN)")
-    return load_config(LearnerConfig, path, overrides=flags, env=env, aliases=ENV_ALIASES,
-                       what=f"learner configuration {path}")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -54,6 +25,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from rlfleet.clients.rollout_pool import InsufficientCapacity
     from rlfleet.config import ConfigError
+    from rlfleet.learner_config import flag_overrides, load_learner_config
     from rlfleet.logs import human_console
     from rlfleet.policy.loading import ModelLoadError
     from rlfleet.storage import PathOutsideRunsRoot
@@ -65,10 +37,7 @@ def _run(args: argparse.Namespace) -> int:
     from rlfleet_learner.ray_start import init_local_ray
 
     try:
-        named = {"steps": args.steps, "run": args.run}
-        flags = {**assignments(args.set_values),
-                 **{k: v for k, v in named.items() if v is not None}}
-        cfg = learner_config(args.config, os.environ, **flags)
+        cfg = load_learner_config(args.config, os.environ, **flag_overrides(args))
         human = human_console()  # RLFLEET_CONSOLE, else whether stderr is a terminal
     except (ConfigError, ValueError) as exc:
         print(f"rlfleet learner: {exc}", file=sys.stderr)
@@ -91,11 +60,8 @@ def _run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, on_signal)
 
     install_handlers()  # already while Ray starts
-    metrics_port = args.metrics_port
-    if metrics_port is None and os.environ.get("RLFLEET_METRICS_PORT"):
-        metrics_port = int(os.environ["RLFLEET_METRICS_PORT"])
-    if metrics_port is not None:
-        start_http_server(metrics_port, addr=os.environ.get("RLFLEET_HOST", args.metrics_host))
+    if cfg.metrics.port is not None:
+        start_http_server(cfg.metrics.port, addr=cfg.metrics.host)
     address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=True)
@@ -136,20 +102,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("learner", help="the GRPO learner (a Ray job)")
     p_sub = p.add_subparsers(dest="subcommand", required=True)
     run = p_sub.add_parser("run", help="train")
-    run.add_argument("--config", required=True, metavar="FILE", help="learner YAML (see configs/)")
     run.add_argument("--resume", default="none",
                      help="none (fresh; refused over a run that has checkpoints), latest "
                           "(newest intact checkpoint; error if none), auto (latest if any, "
                           "else fresh: what a deployment uses), or a checkpoint path under "
                           "the runs root")
-    run.add_argument("--steps", type=int, default=None,
-                     help="steps to train (default: the config's)")
-    run.add_argument("--run", default=None, help="run name (default: the config's)")
-    add_set_flag(run)
-    run.add_argument("--metrics-port", type=int, default=None,
-                     help="Prometheus port (default: RLFLEET_METRICS_PORT, else no endpoint)")
-    run.add_argument("--metrics-host", default="127.0.0.1",
-                     help="address of the metrics endpoint (RLFLEET_HOST overrides it)")
+    add_learner_args(run)
     run.add_argument("--summary", default=None, metavar="FILE",
                      help="write the final summary JSON here (default: none)")
     run.add_argument("--log-level", default="INFO", type=str.upper,

@@ -7,11 +7,11 @@ from dataclasses import replace
 
 from PIL import Image
 
+from rlfleet.learner_config import LearnerConfig
 from rlfleet.maze.episode import default_max_turns
 from rlfleet.policy.contexts import is_full_history
 from rlfleet.policy.loading import PolicyProcessor
 from rlfleet.policy.profiles import serving_profile
-from rlfleet_learner.config import LearnerConfig
 
 
 def episode_turns(cfg: LearnerConfig) -> int:

@@ -9,9 +9,9 @@ import statistics
 from collections.abc import Callable
 
 from rlfleet.clients.rollout_pool import RolloutPool
+from rlfleet.learner_config import LearnerConfig
 from rlfleet.maze.difficulty import BANDS, band, shortest_moves
 from rlfleet.maze.tasks import EVAL_SEEDS, HELDOUT_SEEDS
-from rlfleet_learner.config import LearnerConfig
 from rlfleet_learner.requests import eval_episode
 
 

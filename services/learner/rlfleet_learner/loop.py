@@ -28,9 +28,9 @@ from rlfleet.clients.sync import SyncClient
 from rlfleet.config import fleet_token
 from rlfleet.engines.base import vision_token_ids
 from rlfleet.grpo import NonFiniteRewards
+from rlfleet.learner_config import LearnerConfig
 from rlfleet.policy.loading import load_processor
 from rlfleet.policy.profiles import resolve_model_dir
-from rlfleet.rpc.client import client_tls_from_env
 from rlfleet.storage import (
     Checkpoint,
     RunsRoot,
@@ -44,7 +44,6 @@ from rlfleet.storage import (
 )
 from rlfleet.storage.jsonl import append_json_line
 from rlfleet.v1 import rollout_pb2
-from rlfleet_learner.config import LearnerConfig
 from rlfleet_learner.console import eval_table, step_line
 from rlfleet_learner.cursor import SeedCursor
 from rlfleet_learner.dynamic_sampling import NoSignalWatch, draw_groups
@@ -135,10 +134,11 @@ class Learner:
         self.metrics_path = self.root.metrics_path(cfg.run)
         self.tensorboard = TensorBoardLog(self.run_dir)  # the same scalars, for TensorBoard
         # The fleet's token (an empty one refuses to start; without one, auth must be off
-        # explicitly: RLFLEET_AUTH=none) and TLS options (RLFLEET_TLS_*, as the services);
-        # the pool checks the Redis password now (FleetAuthError: one clear error).
+        # explicitly: RLFLEET_AUTH=none) and TLS options (the config's tls section,
+        # RLFLEET_TLS_* in a deployment, as the services'); the pool checks the Redis
+        # password now (FleetAuthError: one clear error).
         token = fleet_token()
-        tls = client_tls_from_env()
+        tls = cfg.tls.options()
         # With no replica left the pool waits this long for a replacement, then fails the
         # group (NoReplicas): the learner checkpoints and stops (RolloutsFailed, exit 3).
         self.pool = RolloutPool(redis_url=cfg.fleet.redis_url, run=cfg.run, token=token,

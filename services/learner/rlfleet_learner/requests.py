@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from rlfleet.learner_config import DataConfig
 from rlfleet.names import to_wire
 from rlfleet.v1 import common_pb2, rollout_pb2
-from rlfleet_learner.config import DataConfig
 
 
 def task_spec(data: DataConfig, seed: int, *, train: bool) -> common_pb2.TaskSpec:

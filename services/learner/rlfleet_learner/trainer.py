@@ -20,12 +20,12 @@ from dataclasses import dataclass
 import torch
 
 from rlfleet.grpo import GRPOConfig, MicroBatch, TrainSample, make_micro_batches
+from rlfleet.learner_config import LearnerConfig
 from rlfleet.policy import load_policy
 from rlfleet.policy.lora import adapter_files, add_lora, lora_config
 from rlfleet.policy.vision import VisionEncoder, vision_is_frozen
 from rlfleet_learner import distributed
 from rlfleet_learner.checkpointing import enable_activation_checkpointing
-from rlfleet_learner.config import LearnerConfig
 from rlfleet_learner.samples import row_key
 from rlfleet_learner.update import backward_micro_batch, unpadded_rows
 

@@ -16,10 +16,10 @@ import ray
 import torch
 
 from rlfleet.grpo import TrainSample, check_registered_names
+from rlfleet.learner_config import LearnerConfig
 from rlfleet.policy import load_processor
 from rlfleet.policy.observation import check_observation_profile
 from rlfleet_learner import distributed
-from rlfleet_learner.config import LearnerConfig
 from rlfleet_learner.devices import check_device
 from rlfleet_learner.episode_fit import check_episodes_fit
 from rlfleet_learner.samples import row_key

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 from rlfleet.cliargs import (
+    Deferred,
     add_common_args,
     add_setting,
     address,
@@ -18,7 +19,7 @@ from rlfleet.cliargs import (
     optional_address,
 )
 from rlfleet.names import CONTEXTS
-from rlfleet.policy.profiles import PROFILES
+from rlfleet.policy.profiles import profile_names
 
 # named, not imported: registering the command must not import pydantic, torch or grpc
 SETTINGS = "rlfleet_rollout.settings:RolloutSettings"
@@ -108,42 +109,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     p_sub = p.add_subparsers(dest="subcommand", required=True)
     serve = p_sub.add_parser("serve", help="serve a rollout replica")
     add_common_args(serve, SETTINGS)
-    flag = lambda name, help, **kw: add_setting(serve, name, SETTINGS, help=help, **kw)  # noqa: E731
-    flag("--engine", choices=field_choices(SETTINGS, "engine"), help="inference engine")
-    flag("--engine-args", type=json.loads,
-         help='engine keyword arguments as JSON, e.g. \'{"dtype": "float32"}\'')
-    flag("--profile", choices=PROFILES,
-         help="policy profile (model family and serving limits)")
-    flag("--model", type=directory, metavar="DIR",
-         help="model directory (default: none; tiny: built into --model-cache)")
-    flag("--model-cache", type=Path, metavar="DIR", help="where the tiny model is built")
-    flag("--device", help="torch device of the hf engine (cpu, cuda, cuda:1)")
-    flag("--torch-threads", type=int, metavar="N",
-         help="torch intra-op threads (default: none, torch's own)")
-    flag("--env-address", type=address, metavar="HOST:PORT", help="the env service")
-    flag("--reward-address", type=optional_address, metavar="HOST:PORT",
-         help="the reward service (default: '', the env address)")
-    flag("--redis-url", metavar="URL",
-         help="the fleet store (default: '', no heartbeats and no hot-load events)")
-    flag("--sync-address", type=optional_address, metavar="HOST:PORT",
-         help="ckpt-sync, for acknowledgements (default: '', none)")
-    flag("--runs-root", type=Path, metavar="DIR", help="runs directory (adapters on /shared)")
-    flag("--run", help="run whose adapters this replica serves")
-    flag("--replica-id", help="name in the fleet store (default: HOSTNAME-PID)")
-    flag("--advertise-address", type=optional_address, metavar="HOST:PORT",
-         help="how the learner reaches this replica (default: '', --host:--port)")
-    flag("--max-batch", type=int, metavar="N", help="sequences per engine batch")
-    flag("--max-groups", type=int, metavar="N", help="groups played at once")
-    flag("--max-episodes", type=int, metavar="N", help="episodes played at once, all groups")
-    flag("--adapter-wait-s", type=float, metavar="SECONDS",
-         help="how long a group waits for the adapter version it asks for")
-    flag("--max-staleness", type=int, metavar="N",
-         help="versions older than the live one minus N are unloaded")
-    flag("--cell-px", type=int, metavar="PX",
-         help="maze render size asked of the env (0: the profile's)")
-    flag("--heartbeat-s", type=float, metavar="SECONDS", help="fleet store heartbeat period")
-    flag("--heartbeat-ttl-s", type=float, metavar="SECONDS",
-         help="fleet store entry lifetime without a heartbeat")
+    # every flag's help is its settings field's description (RolloutSettings)
+    flag = lambda name, **kw: add_setting(serve, name, SETTINGS, **kw)  # noqa: E731
+    flag("--engine", choices=field_choices(SETTINGS, "engine"))
+    flag("--engine-args", type=json.loads)
+    flag("--profile", choices=Deferred(profile_names))  # a package may add profiles
+    flag("--model", type=directory, metavar="DIR")
+    flag("--model-cache", type=Path, metavar="DIR")
+    flag("--device")
+    flag("--torch-threads", type=int, metavar="N")
+    flag("--env-address", type=address, metavar="HOST:PORT")
+    flag("--reward-address", type=optional_address, metavar="HOST:PORT")
+    flag("--redis-url", metavar="URL")
+    flag("--sync-address", type=optional_address, metavar="HOST:PORT")
+    flag("--runs-root", type=Path, metavar="DIR")
+    flag("--run")
+    flag("--replica-id")
+    flag("--advertise-address", type=optional_address, metavar="HOST:PORT")
+    flag("--max-batch", type=int, metavar="N")
+    flag("--max-groups", type=int, metavar="N")
+    flag("--max-episodes", type=int, metavar="N")
+    flag("--adapter-wait-s", type=float, metavar="SECONDS")
+    flag("--max-staleness", type=int, metavar="N")
+    flag("--cell-px", type=int, metavar="PX")
+    flag("--heartbeat-s", type=float, metavar="SECONDS")
+    flag("--heartbeat-ttl-s", type=float, metavar="SECONDS")
     serve.set_defaults(func=_serve)
 
     sample = p_sub.add_parser("sample", help="roll out one group and print the trajectories")
