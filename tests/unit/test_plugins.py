@@ -195,8 +195,8 @@ def test_a_plugin_adds_a_policy_profile_and_an_action_format() -> None:
     import subprocess
     import sys
 
-    env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join([str(PLUGINS / "site"), os.environ["PYTHONPATH"]])}
+    path = [str(PLUGINS / "site"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     out = subprocess.run([sys.executable, "-c", PROFILE_PLUGIN], capture_output=True,
                          text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
