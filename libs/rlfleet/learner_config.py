@@ -225,6 +225,11 @@ class LearnerConfig(ClosedModel):
         0, ge=0, description="after this step, also time a bare forward+backward and a bare "
         "batched forward of its rows (the limits the update and the rollout are measured "
         "against); 0: never")
+    reward: str | None = Field(
+        None, description="the reward the recipe is made for, by name (e.g. progress): "
+        "`make run` starts its fleet's reward service with it (in a cluster the chart's "
+        "values choose); the learner warns once when a step was scored by another. None: "
+        "whatever the fleet serves")
     model: ModelConfig = Field(ModelConfig(), description="the policy and its LoRA")
     data: DataConfig = Field(DataConfig(), description="the episodes a step trains on")
     grpo: GRPOConfig = Field(

@@ -177,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None,
                         help="GRPO steps (default: the config's)")
     parser.add_argument("--replicas", type=int, default=2, help="rollout replicas")
-    parser.add_argument("--reward", default="task",
-                        help="the reward function the fleet scores with, by name")
+    parser.add_argument("--reward", default=None,
+                        help="the reward function the fleet scores with, by name "
+                             "(default: the config's `reward`, else task)")
     parser.add_argument("--run", default=None, help="run id (default: local-<time>)")
     parser.add_argument("--runs-root", type=Path, default=DEFAULT_RUNS_ROOT,
                         help="where the run's directory is made (default: %(default)s, from "
@@ -215,12 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     # the learner inherits it through the environment.
     token = fleet_token("none") or secrets.token_hex(16)
     os.environ[TOKEN_NAME] = token
+    reward = args.reward or cfg.reward or "task"
     stack = start_stack(run_dir, runs_root=runs_root, run=run, model_dir=model_dir,
-                        replicas=args.replicas, token=token, reward=args.reward,
+                        replicas=args.replicas, token=token, reward=reward,
                         log=lambda m: print(f"  {m}", flush=True))
     learner_rc = 1
     try:
-        cfg = updated(cfg, {"model": {"path": model_dir}, "fleet": {
+        cfg = updated(cfg, {"reward": reward, "model": {"path": model_dir}, "fleet": {
             "redis_url": stack.redis_url, "sync_address": stack.sync_address,
             "runs_root": runs_root, "min_replicas": args.replicas}})
         config_path = run_dir / "learner.yaml"

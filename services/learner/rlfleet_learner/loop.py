@@ -149,6 +149,7 @@ class Learner:
                                           announce_retry_s=cfg.fleet.publish_retry_s)
         self.state = State(cursor=SeedCursor(cfg.data.size))
         self.no_signal = NoSignalWatch()
+        self._reward_warned = False
         checkpoint = self._find_checkpoint(resume)
         # Said before the model loads (minutes on a big one): which attempt this is.
         log.info(start_line(cfg.run, resume, checkpoint.step if checkpoint else None,
@@ -462,6 +463,8 @@ class Learner:
         warning = self.no_signal.observe(self.state.step, groups)
         if warning:
             log.warning(warning)
+        scored_by = reward_fields(trajectories)
+        self._check_reward(scored_by)
         n = max(len(trajectories), 1)
         phases = {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2, "publish": t4 - t3}
         doc = {
@@ -472,7 +475,7 @@ class Learner:
             "mean_turns": sum(len(t.turns) for t in trajectories) / n,
             "trajectories": len(trajectories),
             "seeds": [request.task.seed for request, _ in groups],  # trained exactly once
-            **reward_fields(trajectories),
+            **scored_by,
             "signal_trajectories": signal,
             "signal_total": self.state.signal_trajectories,
             "signal_per_min": 60 * self.state.signal_trajectories
@@ -507,6 +510,15 @@ class Learner:
         report_progress("step", {**doc, "steps": self.cfg.steps},
                         lambda: step_line(doc, self.cfg.steps))
         return True
+
+    def _check_reward(self, fields: dict) -> None:
+        """Once: a step scored by another reward than the recipe's (cfg.reward)."""
+        wanted, got = self.cfg.reward, fields["reward_name"]
+        if wanted and got and got != wanted and not self._reward_warned:
+            self._reward_warned = True
+            log.warning(f"step {self.state.step} was scored by reward {got!r}, not the "
+                        f"recipe's {wanted!r}: the fleet's reward service serves another "
+                        "(a swap, or a fleet started for another recipe)")
 
     def _calibrate(self, rows: list, trajectories: list, phases: dict[str, float]) -> dict:
         """This step's update and rollout against their limits on the same rows: a bare
