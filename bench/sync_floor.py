@@ -1,6 +1,6 @@
 """The read half of bench_sync's floor: N reader processes (replicas are processes, so the
 floor's reads are too), each reading every file once into its own private buffer with the
-replicas' own read code (`rlfleet.storage.adapters`), minus the hashing. Kept apart from
+replicas' own read code (`rlfleet.storage.adapter_versions`), minus the hashing. Kept apart from
 bench_sync so a spawned reader imports only this and the storage module, not torch."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 import time
 from multiprocessing.pool import Pool
 
-from rlfleet.storage.adapters import private_buffer, read_fd_into
+from rlfleet.storage.adapter_versions import private_buffer, read_fd_into
 
 _barrier = None
 

@@ -17,7 +17,7 @@ from rlfleet.cliargs import Parser, address, positive_float
 _LIBRARY_COMMANDS = (
     ("rlfleet.conformance.cli", "register"),
     ("rlfleet.sft.cli", "register"),
-    ("rlfleet.policy.cli", "register"),
+    ("rlfleet.policy.model_cli", "register"),
     ("rlfleet.kube.scale", "register_scale_command"),
 )
 

@@ -16,7 +16,7 @@ from rlfleet.fleet import (
     ReplicaInfo,
     connect,
 )
-from rlfleet.fleet.adapters import PendingVersion
+from rlfleet.fleet.adapter_records import PendingVersion
 from rlfleet.rpc import RpcClient
 from rlfleet.storage import RunsRoot, list_versions
 from rlfleet.v1 import common_pb2, sync_pb2, sync_pb2_grpc

@@ -29,8 +29,8 @@ from rlfleet.fleet.replicas import admits
 from rlfleet.rpc import RpcClient
 from rlfleet.rpc.server import GrpcServer, ServerConfig
 from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from rlfleet_rollout.adapters import LiveAdapter
 from rlfleet_rollout.idempotency import GroupCache
+from rlfleet_rollout.loaded_adapters import LiveAdapter
 from rlfleet_rollout.registration import Heartbeat
 from rlfleet_rollout.servicer import RolloutServicer
 

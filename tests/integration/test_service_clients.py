@@ -16,7 +16,7 @@ import pytest
 
 from rlfleet.clients import EnvClient, RewardClient, SyncClient
 from rlfleet.fleet import ReplicaDirectory, ReplicaInfo, connect
-from rlfleet.fleet.adapters import acks_channel
+from rlfleet.fleet.adapter_records import acks_channel
 from rlfleet.local.procs import Proc, ProcessGroup, free_port, rlfleet_argv
 from rlfleet.local.redis import start_redis
 from rlfleet.rpc.errors import (

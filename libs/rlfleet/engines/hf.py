@@ -36,7 +36,7 @@ from rlfleet.policy.chat import ChatCodec
 from rlfleet.policy.loading import PolicyProcessor, load_policy, vision_token_ids
 from rlfleet.policy.logprobs import collate, forward, token_logprobs, unwrap
 from rlfleet.policy.vision import VisionEncoder, image_key
-from rlfleet.storage.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from rlfleet.storage.adapter_versions import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from rlfleet.engines.base import Engine, EngineError
-from rlfleet.storage.adapters import ADAPTER_CONFIG_FILE
+from rlfleet.storage.adapter_versions import ADAPTER_CONFIG_FILE
 
 H = TypeVar("H")
 

@@ -73,7 +73,7 @@ from rlfleet.engines.base import (
     vision_token_ids,
 )
 from rlfleet.engines.loaded import AdapterEngine, LoadedAdapters, check_adapter_dir
-from rlfleet.storage.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from rlfleet.storage.adapter_versions import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 
 IM_END = "<|im_end|>"
 

@@ -9,7 +9,7 @@ Redis is a hint: with the fleet's token, heartbeats and acknowledgements are sig
 only verified ones count (see `identity`); ckpt-sync checks `latest` against /shared.
 """
 
-from rlfleet.fleet.adapters import AdapterDirectory, AdapterRecord
+from rlfleet.fleet.adapter_records import AdapterDirectory, AdapterRecord
 from rlfleet.fleet.connection import (
     FleetAuthError,
     connect,

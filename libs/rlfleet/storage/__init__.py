@@ -7,7 +7,7 @@ publishes or verifies adapters (ckpt-sync) should not have to load.
 
 from typing import Any
 
-from rlfleet.storage.adapters import (
+from rlfleet.storage.adapter_versions import (
     ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
     MANIFEST_FILE,

@@ -28,7 +28,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from rlfleet.storage.adapters import ADAPTER_WEIGHTS_FILE, sha256_of
+from rlfleet.storage.adapter_versions import ADAPTER_WEIGHTS_FILE, sha256_of
 from rlfleet.storage.atomic import (
     atomic_dir,
     fsync_dir,

@@ -13,7 +13,7 @@ import redis
 
 from rlfleet import limits
 from rlfleet.fleet import AdapterRecord, fleet_unavailable_reason
-from rlfleet.fleet.adapters import Refusal
+from rlfleet.fleet.adapter_records import Refusal
 from rlfleet.rpc.errors import (
     DeadlineExceeded,
     FailedPrecondition,

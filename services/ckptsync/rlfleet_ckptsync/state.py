@@ -18,7 +18,7 @@ import redis
 from prometheus_client import Counter, Gauge, Histogram
 
 from rlfleet.fleet import AdapterDirectory, AdapterRecord, ReplicaDirectory, fleet_store_full
-from rlfleet.fleet.adapters import parse_record
+from rlfleet.fleet.adapter_records import parse_record
 from rlfleet.storage import (
     AdapterVerificationError,
     PathOutsideRunsRoot,

@@ -91,7 +91,7 @@ def _trajectories(args: argparse.Namespace, request):  # noqa: ANN001, ANN202
         return
     if not args.env_address:
         raise SystemExit("rollout sample: give --target (a replica) or --env-address")
-    from rlfleet_rollout.adapters import LiveAdapter
+    from rlfleet_rollout.loaded_adapters import LiveAdapter
     from rlfleet_rollout.server import build_replica
     from rlfleet_rollout.settings import RolloutSettings
 

@@ -44,9 +44,9 @@ from rlfleet.v1 import (
     reward_pb2,
     rollout_pb2,
 )
-from rlfleet_rollout.adapters import LiveAdapter
 from rlfleet_rollout.batcher import GenerationBatcher
 from rlfleet_rollout.closer import EpisodeCloser
+from rlfleet_rollout.loaded_adapters import LiveAdapter
 
 
 def sampling_config(params: rollout_pb2.SamplingParams) -> SamplingConfig:

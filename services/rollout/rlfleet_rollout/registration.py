@@ -19,9 +19,9 @@ from rlfleet.fleet import (
     ReplicaInfo,
     fleet_unavailable_reason,
 )
-from rlfleet.fleet.adapters import PendingVersion
+from rlfleet.fleet.adapter_records import PendingVersion
 from rlfleet.storage import PathOutsideRunsRoot, RunsRoot
-from rlfleet_rollout.adapters import AdapterManager, AdapterRefused, Prefetch
+from rlfleet_rollout.loaded_adapters import AdapterManager, AdapterRefused, Prefetch
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,10 @@ from rlfleet.rpc.errors import RpcError
 from rlfleet.rpc.server import GrpcServer
 from rlfleet.storage import RunsRoot
 from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from rlfleet_rollout.adapters import AdapterManager, LiveAdapter
 from rlfleet_rollout.batcher import DirectGeneration, GenerationBatcher
 from rlfleet_rollout.episodes import GroupPlayer
 from rlfleet_rollout.idempotency import GroupCache
+from rlfleet_rollout.loaded_adapters import AdapterManager, LiveAdapter
 from rlfleet_rollout.registration import AdapterWatcher, Heartbeat
 from rlfleet_rollout.servicer import RolloutServicer
 from rlfleet_rollout.settings import RolloutSettings

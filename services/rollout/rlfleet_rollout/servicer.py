@@ -14,9 +14,9 @@ from rlfleet.fleet.replicas import admits
 from rlfleet.names import ENGINE_NAMES, to_wire
 from rlfleet.rpc.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from rlfleet_rollout.adapters import AdapterManager
 from rlfleet_rollout.episodes import GroupPlayer
 from rlfleet_rollout.idempotency import GroupCache
+from rlfleet_rollout.loaded_adapters import AdapterManager
 
 ACTIVE_GROUPS = Gauge("rlfleet_rollout_active_groups", "groups being played")
 ACTIVE_EPISODES = Gauge("rlfleet_rollout_active_episodes",

@@ -1,4 +1,4 @@
-"""rlfleet.storage.adapters: publish, verify (every kind of tampering), read verified into
+"""rlfleet.storage.adapter_versions: publish, verify (every kind of tampering), read verified into
 memory, list, collect."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from rlfleet.storage.adapters import (
+from rlfleet.storage.adapter_versions import (
     ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
     MANIFEST_FILE,
@@ -378,7 +378,7 @@ def test_file_that_changes_while_read_is_refused(published: Path,
         return n
 
     monkeypatch.setattr(os, "readv", readv_then_truncate)
-    monkeypatch.setattr("rlfleet.storage.adapters._CHUNK", 64)  # several reads per file
+    monkeypatch.setattr("rlfleet.storage.adapter_versions._CHUNK", 64)  # several reads per file
     with pytest.raises(AdapterVerificationError, match="changed while being read"):
         read_verified_adapter(published, expected_sha256=sha)
 

@@ -13,8 +13,8 @@ import pytest
 from rlfleet.engines import EngineError
 from rlfleet.fleet import AdapterRecord
 from rlfleet.storage import RunsRoot
-from rlfleet_rollout.adapters import AdapterManager, AdapterRefused
 from rlfleet_rollout.batcher import GenerationBatcher
+from rlfleet_rollout.loaded_adapters import AdapterManager, AdapterRefused
 from tests.factories import adapter_files, publish_version
 
 RUN = "exp"
@@ -223,7 +223,7 @@ def test_a_negative_staleness_bound_is_refused(root: RunsRoot) -> None:
 
 def test_read_ahead_is_used_only_for_the_announced_identity(
         root: RunsRoot, monkeypatch: pytest.MonkeyPatch) -> None:
-    import rlfleet_rollout.adapters as adapters_mod
+    import rlfleet_rollout.loaded_adapters as adapters_mod
 
     engine = MemEngine()
     mgr, _ = _manager(root, engine)

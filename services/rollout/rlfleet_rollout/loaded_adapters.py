@@ -38,7 +38,7 @@ from rlfleet.storage import (
     PathOutsideRunsRoot,
     RunsRoot,
 )
-from rlfleet.storage.adapters import MANIFEST_FILE, VerifiedAdapter, read_verified_adapter
+from rlfleet.storage.adapter_versions import MANIFEST_FILE, VerifiedAdapter, read_verified_adapter
 from rlfleet.storage.atomic import write_file
 from rlfleet_rollout.batcher import DirectGeneration, GenerationBatcher
 
