@@ -15,7 +15,11 @@ BENCHES = [
     "bench.bench_sync",
     "bench.bench_learner",
     "bench.bench_load",
+    "bench.bench_grpo_vs_sft",  # reads the newest `make run` (or runs one first)
 ]
+# Run by name only (`python -m bench bench_grpo_levers`): a local fleet per lever, 4-8
+# minutes each on 2 quiet cores.
+ON_REQUEST = ["bench.bench_grpo_levers"]
 
 
 def main(names: list[str]) -> int:

@@ -62,13 +62,15 @@ def sft_band_rates(result: dict, size: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", type=Path, default=None)
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="SFT's budget instead of the equal-compute one (a quick try)")
     args = parser.parse_args(argv)
     run_dir = grpo_run(args.run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     steps = [e for e in read_events(run_dir / "metrics.jsonl") if e["event"] == "step"]
     step_wall_s = sum(s["step_s"] for s in steps)
     cores = os.cpu_count() or 1
-    budget_min = step_wall_s * cores / 60
+    budget_min = step_wall_s * cores / 60 if args.minutes is None else args.minutes
     size = summary["config"]["data"]["size"]
     print(f"GRPO run {run_dir.name}: {len(steps)} steps in {step_wall_s / 60:.1f} wall min "
           f"on {cores} cores; SFT continues for {budget_min:.1f} min on one thread",

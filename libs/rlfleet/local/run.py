@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     events = read_events(run_dir / "metrics.jsonl")
     evals = [e for e in events if e["event"] == "eval"]
     steps = [e for e in events if e["event"] == "step"]
-    full = [e for e in evals if "eval" in e]  # start and end: both full sets
+    full = [e for e in evals if e.get("full")]  # start and end: every set
     learning_curve(steps, evals, run_dir / "learning_curve.png", title=f"rlfleet {run}")
     wall = time.perf_counter() - started
     before, after = full[0], full[-1]

@@ -316,8 +316,9 @@ class Learner:
             EVAL_SOLVE.labels(name).set(summary["solve_rate"])
         seconds = time.perf_counter() - start
         STEP_SECONDS.labels("eval").observe(seconds)
+        # full: every set (the run's start and end); else the learning curve's subset
         doc = self._event("eval", step=self.state.step, version=self.state.version,
-                          seconds=round(seconds, 2), **result)
+                          seconds=round(seconds, 2), full=not heldout_only, **result)
         report_progress("eval", {
             "step": self.state.step, "version": self.state.version,
             "seconds": round(seconds, 2),
