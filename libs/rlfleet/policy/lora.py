@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import warnings
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -43,7 +44,13 @@ def lora_config(rank: int = 8, alpha: int | None = None, dropout: float = 0.0,
 
 
 def add_lora(model: torch.nn.Module, config: LoraConfig) -> PeftModel:
-    return get_peft_model(model, config)
+    with warnings.catch_warnings():
+        # peft asks every model for transformers' deprecated `is_gradient_checkpointing`:
+        # a warning between the two libraries, on every trainer's start, that no user
+        # setting can answer
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                category=FutureWarning)
+        return get_peft_model(model, config)
 
 
 def adapter_files(model: PeftModel, base_model_name: str = "") -> dict[str, bytes]:
