@@ -38,7 +38,6 @@ Images: each image part becomes ``<|vision_start|>`` + N x ``<|image_pad|>`` +
 from __future__ import annotations
 
 import base64
-import binascii
 import io
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from typing import Any
 
 from PIL import Image
 
+from rlfleet.data_urls import data_url_bytes
 from rlfleet.policy.loading import PolicyProcessor
 from rlfleet.policy.tokenizer import IM_END, IM_START, IMAGE_PAD
 
@@ -59,19 +59,14 @@ class ChatFormatError(ValueError):
 def image_from_part(part: Mapping[str, Any]) -> Image.Image:
     """The RGB image of a content part: ``image_url`` with a data URL, or ``image``."""
     if part.get("type") == "image_url" or "image_url" in part:
-        url = part.get("image_url")
-        url = url.get("url") if isinstance(url, Mapping) else url
-        if not isinstance(url, str) or not url.startswith("data:image/"):
-            raise ChatFormatError("image_url must be a data:image/...;base64 URL (no downloads)")
-        header, _, payload = url.partition(",")
-        if not header.endswith(";base64"):
-            raise ChatFormatError("image data URL must be base64-encoded")
         try:
-            raw = base64.b64decode(payload, validate=True)
+            raw = data_url_bytes(part.get("image_url"))
             img = Image.open(io.BytesIO(raw))
             img.load()
-        except (binascii.Error, OSError) as e:
+        except OSError as e:
             raise ChatFormatError(f"undecodable image data URL: {e}") from e
+        except ValueError as e:
+            raise ChatFormatError(str(e)) from e
         return img.convert("RGB")
     img = part.get("image")
     if isinstance(img, Image.Image):

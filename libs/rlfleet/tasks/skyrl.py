@@ -31,14 +31,13 @@ environments that register themselves with `skyrl_gym.register` when imported.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import importlib
 import io
 import json
 from pathlib import Path
 from typing import Any
 
+from rlfleet.data_urls import data_url_bytes
 from rlfleet.registries import RegistryError
 from rlfleet.tasks import (
     Image,
@@ -76,16 +75,7 @@ def _text_and_image(messages: Any) -> tuple[str, Image | None]:
 
 
 def _decode_image(url: Any) -> Image:
-    url = url.get("url") if isinstance(url, dict) else url
-    if not isinstance(url, str) or not url.startswith("data:image/"):
-        raise ValueError("a SkyRL observation image must be a data:image/...;base64 URL")
-    header, _, payload = url.partition(",")
-    if not header.endswith(";base64"):
-        raise ValueError("a SkyRL observation image must be base64-encoded")
-    try:
-        raw = base64.b64decode(payload, validate=True)
-    except binascii.Error as exc:
-        raise ValueError(f"undecodable SkyRL observation image: {exc}") from exc
+    raw = data_url_bytes(url, "a SkyRL observation image")
     try:
         return image_from_png(raw)
     except ValueError:
