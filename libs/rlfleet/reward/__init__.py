@@ -259,8 +259,8 @@ class RewardRegistry:
 
 
 def default_rewards(*, discover: bool = True) -> RewardRegistry:
-    """rlfleet's `task` and `format+task`, plus (with `discover`) every ``rlfleet.rewards``
-    entry point."""
+    """rlfleet's `task`, `format+task` and `progress`, plus (with `discover`) every
+    ``rlfleet.rewards`` entry point."""
     from rlfleet.reward.builtin import BUILTIN_REWARDS
 
     registry = RewardRegistry()
