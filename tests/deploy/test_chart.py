@@ -511,6 +511,12 @@ def test_local_notes_print_only_what_the_local_profile_has(helm: str) -> None:
     assert "kubectl -n rlfleet get deploy,statefulset,job -l app.kubernetes.io/instance=rlfleet" \
         in cmds
     assert "kubectl -n rlfleet logs -f job/rlfleet-learner" in cmds
+    # the Ray head's Jobs API, as docs/deploy.md reaches it from the host
+    assert any(c.startswith("kubectl -n rlfleet port-forward svc/rlfleet-ray-head 8265:8265 &")
+               for c in cmds), cmds
+    assert any(c.startswith("rlfleet learner submit --address http://127.0.0.1:8265 "
+                            "--ray-token-secret rlfleet/rlfleet-ray --token-secret "
+                            "rlfleet/rlfleet-auth") for c in cmds), cmds
     assert "helm test rlfleet -n rlfleet --logs" in cmds
     # the local route's tools are not on a default PATH: the notes say where they are
     assert 'export PATH="$HOME/.cache/rlfleet/k8s/bin:$PWD/.venv/bin:$PATH"' in cmds
