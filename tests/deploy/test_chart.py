@@ -158,7 +158,15 @@ def test_labels_security_resources_and_shared_volume(render, profile: str) -> No
         spec = tpl["spec"]
         assert spec["securityContext"]["runAsNonRoot"] is True, owner
         assert spec["securityContext"]["runAsUser"] != 0, owner
-        assert spec.get("automountServiceAccountToken") is False, owner
+        # Only the release's Prometheus talks to the Kubernetes API (its discovery lists
+        # the namespace's pods, through an account of its own with a Role for just that).
+        prometheus = owner == "Deployment/rlfleet-prometheus"
+        assert spec.get("automountServiceAccountToken") is prometheus, owner
+        if prometheus:
+            assert spec["serviceAccountName"] == "rlfleet-prometheus"
+            role = r.get("Role", "rlfleet-prometheus")
+            assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"],
+                                      "verbs": ["get", "list", "watch"]}]
         for c in spec["containers"]:
             sc = c["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False, owner
@@ -166,7 +174,7 @@ def test_labels_security_resources_and_shared_volume(render, profile: str) -> No
             assert c["resources"].get("requests") and c["resources"].get("limits"), owner
             for p in c.get("ports", []):
                 assert p["protocol"] == "TCP", (owner, p)  # server-side apply on 1.20
-        if "redis" not in owner and "submitter" not in owner:
+        if "redis" not in owner and "submitter" not in owner and not prometheus:
             mounts = {
                 m["mountPath"]: m["name"]
                 for c in spec["containers"]

@@ -8,7 +8,8 @@ One module-scoped fleet, exercised in order, as a user would:
      Jobs API) and a Ray worker among them;
   2. the chart's Job submits the learner to the Ray head as a Ray job; the GRPO run starts
      from the shipped SFT checkpoint (in the image), with a held-out eval before and after,
-     and publishes adapter versions through /shared;
+     and publishes adapter versions through /shared; the release's Prometheus (Debian's
+     package) scrapes every component and has a series for every dashboard query;
   3. `rlfleet scale rollout --replicas 3` adds replicas that serve the current version and
      are acknowledged by ckpt-sync;
   4. `make deploy HELM_ARGS="--set reward.selected=path-efficiency"` swaps in the example
@@ -172,14 +173,14 @@ def fleet(k8s_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[F
         images.append(_run(["bash", str(IMAGES / "build-example.sh"), str(EXAMPLE),
                             "path-efficiency-reward:1.0.0"], timeout=900).stdout.split()[-1])
         _run(["bash", str(SCRIPTS / "cluster.sh"), "load", "--dir", str(state), *images,
-              "localhost/rlfleet-redis:7.0"], timeout=900)
+              "localhost/rlfleet-redis:7.0", "localhost/rlfleet-prometheus:2.42"], timeout=900)
         # /shared: a directory of the node that every pod mounts (hostPath); the pods run as
         # uid 10001.
         shared = state / "shared"
         shared.mkdir()
         shared.chmod(0o777)
         helm_args = (f"--set shared.hostPath={shared} --set run={RUN} "
-                     f"--set learner.config.steps={STEPS}")
+                     f"--set learner.config.steps={STEPS} --set rollout.replicas=2")
         _run(["make", "-s", "deploy", "VALUES=deploy/helm/rlfleet/values-local.yaml",
               f"RELEASE={RELEASE}", "NAMESPACE=default", f"HELM_ARGS={helm_args}"],
              env=env, timeout=900)
@@ -187,7 +188,7 @@ def fleet(k8s_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[F
         # Every component Ready through its probe (the model is built by the init
         # containers first), the learner's pod running.
         wait_for(lambda: all(fleet.ready_pods(c) for c in
-                             ("env", "reward", "rollout", "ckptsync", "redis"))
+                             ("env", "reward", "rollout", "ckptsync", "redis", "prometheus"))
                  and fleet.ray_node("head") and fleet.ray_node("worker"), 900,
                  "every component's pod Ready", fleet.diagnose)
         yield fleet
@@ -227,8 +228,77 @@ def test_every_pod_is_ready_through_its_probe(fleet: Fleet) -> None:
     assert nodes.stdout.strip().splitlines()[-1] == "2", nodes.stdout + nodes.stderr
 
 
+DASHBOARD = ROOT / "deploy" / "helm" / "rlfleet" / "dashboards" / "rlfleet.json"
+
+
+class PortForward:
+    """`kubectl port-forward svc/NAME LOCAL:REMOTE` from the host, as docs/deploy.md does;
+    ends with the `with` block."""
+
+    def __init__(self, fleet: Fleet, service: str, remote: int) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [str(fleet.kubectl), "port-forward", f"svc/{service}", f"{self.port}:{remote}"],
+            env=fleet.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def __enter__(self) -> str:
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if "Forwarding from" not in line:
+            self.proc.kill()
+            raise AssertionError(f"kubectl port-forward: {line}{self.proc.communicate()[0]}")
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def prom_query(url: str, query: str) -> list[dict]:
+    import urllib.parse
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/api/v1/query?"
+                                + urllib.parse.urlencode({"query": query}), timeout=30) as r:
+        doc = json.loads(r.read())
+    assert doc["status"] == "success", doc
+    return doc["data"]["result"]
+
+
+def test_prometheus_scrapes_every_service_and_every_panel_has_a_series(fleet: Fleet) -> None:
+    """The release's Prometheus (Debian's package, prometheus.enabled) finds the pods through
+    the Kubernetes API and scrapes each service; while the learner runs, every query of
+    every dashboard panel (deploy/helm/rlfleet/dashboards/rlfleet.json, $namespace set to
+    the release's) returns at least one series."""
+    fleet.wait_steps(1, timeout=900)
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    queries = {f"{p['title']} [{t.get('refId', i)}]": t["expr"].replace("$namespace", "default")
+               for p in panels for i, t in enumerate(p.get("targets", []))}
+    assert len(queries) >= 15, queries
+    with PortForward(fleet, f"{RELEASE}-prometheus", 9090) as url:
+        import urllib.request
+
+        with urllib.request.urlopen(f"{url}/graph", timeout=30) as r:  # its own UI
+            assert r.status == 200
+        wanted = {"env", "reward", "rollout", "ckptsync", "learner"}
+
+        def scraped() -> set[str]:
+            return {s["metric"].get("component", "") for s in prom_query(url, "up == 1")}
+
+        wait_for(lambda: wanted <= scraped(), 300,
+                 f"Prometheus scraping every component {sorted(wanted)}",
+                 lambda: str(prom_query(url, "up")))
+        nodes = {s["metric"].get("ray_node") for s in prom_query(url, 'up{component="learner"}')}
+        assert {"head", "worker"} <= nodes, nodes
+
+        def empty() -> list[str]:
+            return [name for name, q in queries.items() if not prom_query(url, q)]
+
+        wait_for(lambda: not empty(), 600, "a series for every dashboard query",
+                 lambda: f"no series: {empty()}")
+
+
 def test_grpo_run_scale_and_reward_swap_in_the_cluster(fleet: Fleet) -> None:
-    steps = fleet.wait_steps(3, timeout=600)
+    steps = fleet.wait_steps(3, timeout=900)
     assert all(s["reward_name"] == "task" for s in steps)
     # The run starts from the shipped SFT checkpoint (the image's), not a random model.
     start = fleet.events("start")[0]
@@ -261,7 +331,8 @@ def test_grpo_run_scale_and_reward_swap_in_the_cluster(fleet: Fleet) -> None:
     _run(["make", "-s", "deploy", "VALUES=deploy/helm/rlfleet/values-local.yaml",
           f"RELEASE={RELEASE}", "NAMESPACE=default",
           f"HELM_ARGS=--set shared.hostPath={fleet.shared} --set run={RUN} "
-          f"--set learner.config.steps={STEPS} --set reward.selected=path-efficiency"],
+          f"--set learner.config.steps={STEPS} --set rollout.replicas=2 "
+          "--set reward.selected=path-efficiency"],
          env=fleet.env, timeout=300)
     swapped = wait_for(
         lambda: [s for s in fleet.steps() if s["reward_name"] == "path-efficiency"], 600,
@@ -283,11 +354,11 @@ def test_grpo_run_scale_and_reward_swap_in_the_cluster(fleet: Fleet) -> None:
     assert versions == sorted(versions) and len(set(versions)) == len(versions)
 
     # The pods learn: the held-out solve rate after GRPO beats the start (the same greedy
-    # eval as `make run`, on the first 128 held-out mazes) by more than the binomial
-    # standard error of the difference, from the counts.
+    # eval of the 256 held-out mazes as `make run`'s) by more than the binomial standard
+    # error of the difference, from the counts.
     end = fleet.events("end")[-1]
     before, after = end["first_eval"]["heldout"], end["last_eval"]["heldout"]
-    assert before["episodes"] == after["episodes"] == 128, (before, after)
+    assert before["episodes"] == after["episodes"] == 256, (before, after)
     p0, p1 = before["solved"] / before["episodes"], after["solved"] / after["episodes"]
     se = math.sqrt(p0 * (1 - p0) / before["episodes"] + p1 * (1 - p1) / after["episodes"])
     assert p1 - p0 > se, f"held-out {p0:.3f} -> {p1:.3f}, standard error {se:.3f}"
@@ -312,15 +383,8 @@ def test_learner_submit_through_a_port_forward(fleet: Fleet, tmp_path: Path) -> 
     path = tmp_path / "learner.yaml"
     path.write_text(yaml.safe_dump(config))
 
-    port = free_port()
-    forward = subprocess.Popen(
-        [str(fleet.kubectl), "port-forward", f"svc/{RELEASE}-ray-head", f"{port}:8265"],
-        env=fleet.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert "Forwarding from" in (forward.stdout.readline() if forward.stdout else ""), \
-            forward.communicate(timeout=5)[0] if forward.poll() is not None else ""
-        address = ["--address", f"http://127.0.0.1:{port}",
-                   "--ray-token-secret", f"default/{RELEASE}-ray"]
+    with PortForward(fleet, f"{RELEASE}-ray-head", 8265) as url:
+        address = ["--address", url, "--ray-token-secret", f"default/{RELEASE}-ray"]
         submit = _run([str(RLFLEET), "learner", "submit", *address, "--config", str(path),
                        "--run", RUN, "--resume", "auto", "--token-secret",
                        f"default/{RELEASE}-auth"], env=fleet.env, timeout=300)
@@ -331,9 +395,6 @@ def test_learner_submit_through_a_port_forward(fleet: Fleet, tmp_path: Path) -> 
         assert f"resuming run {RUN} from step {STEPS}" in logs.stdout, logs.stdout[-3000:]
         status = _run([str(RLFLEET), "learner", "status", job, *address], env=fleet.env)
         assert status.stdout.strip() == "SUCCEEDED", (status.stdout, logs.stdout[-3000:])
-    finally:
-        forward.terminate()
-        forward.wait(timeout=30)
     steps = fleet.steps()
     assert [s["step"] for s in steps][-2:] == [STEPS + 1, STEPS + 2]
     assert fleet.events("end")[-1]["step"] == STEPS + 2
