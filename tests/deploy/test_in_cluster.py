@@ -379,7 +379,7 @@ def test_learner_submit_through_a_port_forward(fleet: Fleet, tmp_path: Path) -> 
     config = yaml.safe_load(cm["data"]["learner.yaml"])
     config["steps"] = STEPS + 2
     config["eval"] = {**config["eval"], "at_start": False, "heldout_seeds": 0,
-                      "eval_seeds": 0}
+                      "eval_seeds": 0, "curve_heldout": 0}
     path = tmp_path / "learner.yaml"
     path.write_text(yaml.safe_dump(config))
 
