@@ -58,7 +58,7 @@ cluster-up: helm-tools k8s-binaries
 	@scripts/k8s/cluster.sh up --dir $(CLUSTER_DIR) >/dev/null
 	@scripts/k8s/cluster.sh load --dir $(CLUSTER_DIR) \
 	  $$(scripts/images/build.sh --profile local $(if $(TAG),--tag $(TAG)) $(SERVICES)) \
-	  localhost/rlfleet-redis:7.0 \
+	  localhost/rlfleet-redis:7.0 localhost/rlfleet-prometheus:2.42 \
 	  $$(scripts/images/build-example.sh examples/path-efficiency-reward path-efficiency-reward:1.0.0)
 	@echo $(CLUSTER_DIR)/kubeconfig
 

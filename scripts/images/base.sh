@@ -4,6 +4,8 @@
 #   localhost/rlfleet-base:bookworm   debootstrap --variant=minbase + python3 (3.11), venv,
 #                                     CA certificates; docs, man pages and apt lists removed
 #   localhost/rlfleet-redis:7.0       Debian's redis-server on that base (the chart's Redis)
+#   localhost/rlfleet-prometheus:2.42 Debian's prometheus on that base (the chart's
+#                                     prometheus.enabled: the local profile's Prometheus)
 #   localhost/rlfleet-pause:3.4       the pod sandbox image: Kubernetes' pause.c, static
 #                                     (built by scripts/k8s/build-k8s.sh)
 # Built once into buildah storage of our own ($RLFLEET_CACHE/containers), then reused.
@@ -43,6 +45,17 @@ if ! have localhost/rlfleet-redis:7.0; then
   buildah_store config --cmd '["redis-server", "--protected-mode", "no"]' --user 999:999 "$c"
   buildah_store commit -q --rm "$c" localhost/rlfleet-redis:7.0 >/dev/null
   log "built localhost/rlfleet-redis:7.0"
+fi
+
+if ! have localhost/rlfleet-prometheus:2.42; then
+  c=$(buildah_store from localhost/rlfleet-base:bookworm)
+  buildah_store run --runtime runc --isolation oci --network host "$c" -- sh -ec \
+    'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+     rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb /usr/share/doc/* /usr/share/man/*
+     prometheus --version' >&2
+  buildah_store config --entrypoint '["/usr/bin/prometheus"]' --cmd '[]' --user 65534:65534 "$c"
+  buildah_store commit -q --rm "$c" localhost/rlfleet-prometheus:2.42 >/dev/null
+  log "built localhost/rlfleet-prometheus:2.42"
 fi
 
 if ! have localhost/rlfleet-pause:3.4; then

@@ -68,7 +68,8 @@ down() {
   # (cgroupfs driver: kubepods under each hierarchy).
   local d pids
   for _ in 1 2 3; do
-    pids=$(find /sys/fs/cgroup/*/kubepods -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u)
+    # (find fails where there are no kubepods cgroups: a cluster already down)
+    pids=$(find /sys/fs/cgroup/*/kubepods -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u || true)
     [ -n "$pids" ] || break
     kill -KILL $pids 2>/dev/null || true
     sleep 0.5

@@ -158,7 +158,15 @@ def test_labels_security_resources_and_shared_volume(render, profile: str) -> No
         spec = tpl["spec"]
         assert spec["securityContext"]["runAsNonRoot"] is True, owner
         assert spec["securityContext"]["runAsUser"] != 0, owner
-        assert spec.get("automountServiceAccountToken") is False, owner
+        # Only the release's Prometheus talks to the Kubernetes API (its discovery lists
+        # the namespace's pods, through an account of its own with a Role for just that).
+        prometheus = owner == "Deployment/rlfleet-prometheus"
+        assert spec.get("automountServiceAccountToken") is prometheus, owner
+        if prometheus:
+            assert spec["serviceAccountName"] == "rlfleet-prometheus"
+            role = r.get("Role", "rlfleet-prometheus")
+            assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"],
+                                      "verbs": ["get", "list", "watch"]}]
         for c in spec["containers"]:
             sc = c["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False, owner
@@ -166,7 +174,7 @@ def test_labels_security_resources_and_shared_volume(render, profile: str) -> No
             assert c["resources"].get("requests") and c["resources"].get("limits"), owner
             for p in c.get("ports", []):
                 assert p["protocol"] == "TCP", (owner, p)  # server-side apply on 1.20
-        if "redis" not in owner and "submitter" not in owner:
+        if "redis" not in owner and "submitter" not in owner and not prometheus:
             mounts = {
                 m["mountPath"]: m["name"]
                 for c in spec["containers"]
@@ -511,6 +519,12 @@ def test_local_notes_print_only_what_the_local_profile_has(helm: str) -> None:
     assert "kubectl -n rlfleet get deploy,statefulset,job -l app.kubernetes.io/instance=rlfleet" \
         in cmds
     assert "kubectl -n rlfleet logs -f job/rlfleet-learner" in cmds
+    # the Ray head's Jobs API, as docs/deploy.md reaches it from the host
+    assert any(c.startswith("kubectl -n rlfleet port-forward svc/rlfleet-ray-head 8265:8265 &")
+               for c in cmds), cmds
+    assert any(c.startswith("rlfleet learner submit --address http://127.0.0.1:8265 "
+                            "--ray-token-secret rlfleet/rlfleet-ray --token-secret "
+                            "rlfleet/rlfleet-auth") for c in cmds), cmds
     assert "helm test rlfleet -n rlfleet --logs" in cmds
     # the local route's tools are not on a default PATH: the notes say where they are
     assert 'export PATH="$HOME/.cache/rlfleet/k8s/bin:$PWD/.venv/bin:$PATH"' in cmds

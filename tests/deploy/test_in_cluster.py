@@ -4,29 +4,42 @@ kube-proxy), the local images built from the one Dockerfile on a Debian base and
 into the node. Nothing is mocked and nothing skips: a missing piece fails with its reason.
 
 One module-scoped fleet, exercised in order, as a user would:
-  1. every pod of values-local.yaml becomes Ready through its real probe;
-  2. a GRPO run starts in the learner's Job and publishes adapter versions through /shared;
+  1. every pod of values-local.yaml becomes Ready through its real probe, the Ray head (its
+     Jobs API) and a Ray worker among them;
+  2. the chart's Job submits the learner to the Ray head as a Ray job; the GRPO run starts
+     from the shipped SFT checkpoint (in the image), with a held-out eval before and after,
+     and publishes adapter versions through /shared; the release's Prometheus (Debian's
+     package) scrapes every component and has a series for every dashboard query;
   3. `rlfleet scale rollout --replicas 3` adds replicas that serve the current version and
      are acknowledged by ckpt-sync;
   4. `make deploy HELM_ARGS="--set reward.selected=path-efficiency"` swaps in the example
      reward service (examples/path-efficiency-reward, its own image) while the learner runs:
      its metrics carry the new name from the next step on;
-  5. the run completes, `helm test` passes, each service's image drains on SIGTERM, and
-     `cluster.sh down` leaves the host as it found it.
+  5. the run completes with a held-out solve rate above its start by more than the
+     difference's standard error;
+  6. `rlfleet learner submit` from the host, through `kubectl port-forward` to the head's
+     Service (docs/deploy.md), continues the run for two more steps as a Ray job, followed
+     with `rlfleet learner logs --follow` and ending SUCCEEDED;
+  7. `helm test` passes, each service's image drains on SIGTERM, and `cluster.sh down`
+     leaves the host as it found it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.waits import wait_until
 
@@ -46,6 +59,10 @@ RUN = "cluster-grpo"
 # after them only prove that the run finishes.
 STEPS = 20
 IMAGES = ROOT / "scripts" / "images"
+# The command line of this Python's environment (the repository's .venv in a checkout).
+RLFLEET = Path(sys.executable).parent / "rlfleet"
+# The local profile's model: the shipped SFT checkpoint, baked into the images.
+MODEL = "/opt/rlfleet/models/tiny-sft"
 EXAMPLE = ROOT / "examples" / "path-efficiency-reward"
 # One-time builds: Kubernetes from source (shared with the API-server tests), the Debian
 # base, the wheelhouse and the images.
@@ -70,7 +87,7 @@ class Fleet:
     def metrics(self) -> Path:
         return self.shared / "runs" / RUN / "metrics.jsonl"
 
-    def steps(self) -> list[dict]:
+    def events(self, kind: str) -> list[dict]:
         if not self.metrics.is_file():
             return []
         events = []
@@ -79,9 +96,12 @@ class Fleet:
                 event = json.loads(line)
             except json.JSONDecodeError:  # the line being written
                 continue
-            if event.get("event") == "step":
+            if event.get("event") == kind:
                 events.append(event)
         return events
+
+    def steps(self) -> list[dict]:
+        return self.events("step")
 
     def wait_steps(self, n: int, timeout: float) -> list[dict]:
         return wait_for(lambda: (s := self.steps()) and len(s) >= n and s, timeout,
@@ -101,6 +121,11 @@ class Fleet:
         url = f"http://127.0.0.1:{port}/metrics"
         code = f"import urllib.request;print(urllib.request.urlopen({url!r}).read().decode())"
         return self.k("exec", pod, "--", "python3", "-c", code).stdout
+
+    def ray_node(self, node: str) -> list[dict]:
+        """Ready pods of one kind of Ray node (head, worker) of the learner."""
+        return [p for p in self.ready_pods("learner")
+                if p["metadata"]["labels"].get("rlfleet.io/ray-node") == node]
 
     def diagnose(self) -> str:
         out = self.k("get", "pods,jobs", "-o", "wide", check=False).stdout
@@ -148,14 +173,14 @@ def fleet(k8s_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[F
         images.append(_run(["bash", str(IMAGES / "build-example.sh"), str(EXAMPLE),
                             "path-efficiency-reward:1.0.0"], timeout=900).stdout.split()[-1])
         _run(["bash", str(SCRIPTS / "cluster.sh"), "load", "--dir", str(state), *images,
-              "localhost/rlfleet-redis:7.0"], timeout=900)
+              "localhost/rlfleet-redis:7.0", "localhost/rlfleet-prometheus:2.42"], timeout=900)
         # /shared: a directory of the node that every pod mounts (hostPath); the pods run as
         # uid 10001.
         shared = state / "shared"
         shared.mkdir()
         shared.chmod(0o777)
         helm_args = (f"--set shared.hostPath={shared} --set run={RUN} "
-                     f"--set learner.config.steps={STEPS}")
+                     f"--set learner.config.steps={STEPS} --set rollout.replicas=2")
         _run(["make", "-s", "deploy", "VALUES=deploy/helm/rlfleet/values-local.yaml",
               f"RELEASE={RELEASE}", "NAMESPACE=default", f"HELM_ARGS={helm_args}"],
              env=env, timeout=900)
@@ -163,7 +188,8 @@ def fleet(k8s_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[F
         # Every component Ready through its probe (the model is built by the init
         # containers first), the learner's pod running.
         wait_for(lambda: all(fleet.ready_pods(c) for c in
-                             ("env", "reward", "rollout", "ckptsync", "redis")), 900,
+                             ("env", "reward", "rollout", "ckptsync", "redis", "prometheus"))
+                 and fleet.ray_node("head") and fleet.ray_node("worker"), 900,
                  "every component's pod Ready", fleet.diagnose)
         yield fleet
     finally:
@@ -184,22 +210,106 @@ def test_every_pod_is_ready_through_its_probe(fleet: Fleet) -> None:
         for pod in pods:
             probe = pod["spec"]["containers"][0]["readinessProbe"]
             assert "exec" in probe or "grpc" in probe, probe  # a real health check
-    learner = fleet.pods("learner")
-    assert learner and learner[0]["status"]["phase"] in ("Running", "Succeeded"), fleet.diagnose()
-    # The chart provided the model on /shared (the init containers' rlfleet model init-tiny).
-    assert (fleet.shared / "models" / "tiny" / "rlfleet_tiny.json").is_file()
+    # Ray as a cluster runs it: a head whose probe is its Jobs API port, a worker that
+    # joined it (`ray start --address` returns only once registered), and the Job that
+    # submitted the learner to the head.
+    head = fleet.ray_node("head")
+    assert head, fleet.diagnose()
+    assert head[0]["spec"]["containers"][0]["readinessProbe"]["tcpSocket"]["port"] == "dashboard"
+    assert fleet.ray_node("worker"), fleet.diagnose()
+    submitter = [p for p in fleet.pods("learner")
+                 if p["metadata"]["labels"].get("rlfleet.io/ray-node") == "submitter"]
+    assert submitter and submitter[0]["status"]["phase"] in ("Running", "Succeeded"), \
+        fleet.diagnose()
+    # Both Ray nodes are in the cluster the learner's driver sees.
+    nodes = fleet.k("exec", head[0]["metadata"]["name"], "--", "python3", "-c",
+                    "import ray; ray.init(address='auto', logging_level='ERROR'); "
+                    "print(sum(n['Alive'] for n in ray.nodes()))", timeout=180)
+    assert nodes.stdout.strip().splitlines()[-1] == "2", nodes.stdout + nodes.stderr
+
+
+DASHBOARD = ROOT / "deploy" / "helm" / "rlfleet" / "dashboards" / "rlfleet.json"
+
+
+class PortForward:
+    """`kubectl port-forward svc/NAME LOCAL:REMOTE` from the host, as docs/deploy.md does;
+    ends with the `with` block."""
+
+    def __init__(self, fleet: Fleet, service: str, remote: int) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [str(fleet.kubectl), "port-forward", f"svc/{service}", f"{self.port}:{remote}"],
+            env=fleet.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def __enter__(self) -> str:
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if "Forwarding from" not in line:
+            self.proc.kill()
+            raise AssertionError(f"kubectl port-forward: {line}{self.proc.communicate()[0]}")
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def prom_query(url: str, query: str) -> list[dict]:
+    import urllib.parse
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/api/v1/query?"
+                                + urllib.parse.urlencode({"query": query}), timeout=30) as r:
+        doc = json.loads(r.read())
+    assert doc["status"] == "success", doc
+    return doc["data"]["result"]
+
+
+def test_prometheus_scrapes_every_service_and_every_panel_has_a_series(fleet: Fleet) -> None:
+    """The release's Prometheus (Debian's package, prometheus.enabled) finds the pods through
+    the Kubernetes API and scrapes each service; while the learner runs, every query of
+    every dashboard panel (deploy/helm/rlfleet/dashboards/rlfleet.json, $namespace set to
+    the release's) returns at least one series."""
+    fleet.wait_steps(1, timeout=900)
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    queries = {f"{p['title']} [{t.get('refId', i)}]": t["expr"].replace("$namespace", "default")
+               for p in panels for i, t in enumerate(p.get("targets", []))}
+    assert len(queries) >= 15, queries
+    with PortForward(fleet, f"{RELEASE}-prometheus", 9090) as url:
+        import urllib.request
+
+        with urllib.request.urlopen(f"{url}/graph", timeout=30) as r:  # its own UI
+            assert r.status == 200
+        wanted = {"env", "reward", "rollout", "ckptsync", "learner"}
+
+        def scraped() -> set[str]:
+            return {s["metric"].get("component", "") for s in prom_query(url, "up == 1")}
+
+        wait_for(lambda: wanted <= scraped(), 300,
+                 f"Prometheus scraping every component {sorted(wanted)}",
+                 lambda: str(prom_query(url, "up")))
+        nodes = {s["metric"].get("ray_node") for s in prom_query(url, 'up{component="learner"}')}
+        assert {"head", "worker"} <= nodes, nodes
+
+        def empty() -> list[str]:
+            return [name for name, q in queries.items() if not prom_query(url, q)]
+
+        wait_for(lambda: not empty(), 600, "a series for every dashboard query",
+                 lambda: f"no series: {empty()}")
 
 
 def test_grpo_run_scale_and_reward_swap_in_the_cluster(fleet: Fleet) -> None:
-    steps = fleet.wait_steps(3, timeout=600)
+    steps = fleet.wait_steps(3, timeout=900)
     assert all(s["reward_name"] == "task" for s in steps)
+    # The run starts from the shipped SFT checkpoint (the image's), not a random model.
+    start = fleet.events("start")[0]
+    assert start["config"]["model"]["path"] == MODEL, start["config"]["model"]
     adapters = fleet.shared / "runs" / RUN / "adapters"
     published = [p.name for p in adapters.iterdir() if p.name.startswith("v")]
     assert published, "no adapter version published"
 
     # Scale out: the new replicas load the live adapter before they turn Ready.
     version_at_scale = fleet.steps()[-1]["version"]
-    _run([str(ROOT / ".venv" / "bin" / "rlfleet"), "scale", "rollout", "--replicas", "3",
+    _run([str(RLFLEET), "scale", "rollout", "--replicas", "3",
           "--release", RELEASE, "--namespace", "default"], env=fleet.env)
     ready = wait_for(lambda: len(r := fleet.ready_pods("rollout")) == 3 and r, 600,
                      "3 Ready rollout replicas", fleet.diagnose)
@@ -221,7 +331,8 @@ def test_grpo_run_scale_and_reward_swap_in_the_cluster(fleet: Fleet) -> None:
     _run(["make", "-s", "deploy", "VALUES=deploy/helm/rlfleet/values-local.yaml",
           f"RELEASE={RELEASE}", "NAMESPACE=default",
           f"HELM_ARGS=--set shared.hostPath={fleet.shared} --set run={RUN} "
-          f"--set learner.config.steps={STEPS} --set reward.selected=path-efficiency"],
+          f"--set learner.config.steps={STEPS} --set rollout.replicas=2 "
+          "--set reward.selected=path-efficiency"],
          env=fleet.env, timeout=300)
     swapped = wait_for(
         lambda: [s for s in fleet.steps() if s["reward_name"] == "path-efficiency"], 600,
@@ -241,6 +352,52 @@ def test_grpo_run_scale_and_reward_swap_in_the_cluster(fleet: Fleet) -> None:
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
     versions = [s["version"] for s in steps]
     assert versions == sorted(versions) and len(set(versions)) == len(versions)
+
+    # The pods learn: the held-out solve rate after GRPO beats the start (the same greedy
+    # eval of the 256 held-out mazes as `make run`'s) by more than the binomial standard
+    # error of the difference, from the counts.
+    end = fleet.events("end")[-1]
+    before, after = end["first_eval"]["heldout"], end["last_eval"]["heldout"]
+    assert before["episodes"] == after["episodes"] == 256, (before, after)
+    p0, p1 = before["solved"] / before["episodes"], after["solved"] / after["episodes"]
+    se = math.sqrt(p0 * (1 - p0) / before["episodes"] + p1 * (1 - p1) / after["episodes"])
+    assert p1 - p0 > se, f"held-out {p0:.3f} -> {p1:.3f}, standard error {se:.3f}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_learner_submit_through_a_port_forward(fleet: Fleet, tmp_path: Path) -> None:
+    """docs/deploy.md's route from a notebook or the host: `kubectl port-forward` to the Ray
+    head's Service, then `rlfleet learner submit|logs|status` against it, the fleet token
+    and Ray's token read from the chart's Secrets. The job continues the finished run for
+    two more steps (the replicas serve that run's adapters)."""
+    cm = fleet.kubectl_json("get", "configmap", f"{RELEASE}-learner")
+    config = yaml.safe_load(cm["data"]["learner.yaml"])
+    config["steps"] = STEPS + 2
+    config["eval"] = {**config["eval"], "at_start": False, "heldout_seeds": 0,
+                      "eval_seeds": 0, "curve_heldout": 0}
+    path = tmp_path / "learner.yaml"
+    path.write_text(yaml.safe_dump(config))
+
+    with PortForward(fleet, f"{RELEASE}-ray-head", 8265) as url:
+        address = ["--address", url, "--ray-token-secret", f"default/{RELEASE}-ray"]
+        submit = _run([str(RLFLEET), "learner", "submit", *address, "--config", str(path),
+                       "--run", RUN, "--resume", "auto", "--token-secret",
+                       f"default/{RELEASE}-auth"], env=fleet.env, timeout=300)
+        job = submit.stdout.strip()
+        assert job and "\n" not in job, submit.stdout
+        logs = _run([str(RLFLEET), "learner", "logs", job, *address, "--follow"],
+                    env=fleet.env, timeout=1200)
+        assert f"resuming run {RUN} from step {STEPS}" in logs.stdout, logs.stdout[-3000:]
+        status = _run([str(RLFLEET), "learner", "status", job, *address], env=fleet.env)
+        assert status.stdout.strip() == "SUCCEEDED", (status.stdout, logs.stdout[-3000:])
+    steps = fleet.steps()
+    assert [s["step"] for s in steps][-2:] == [STEPS + 1, STEPS + 2]
+    assert fleet.events("end")[-1]["step"] == STEPS + 2
 
 
 def test_helm_test_checks_the_deployed_fleet(fleet: Fleet, helm: str) -> None:

@@ -179,23 +179,35 @@ def ray_token(path: str | None, address: str) -> str | None:
 
 
 def connect(args: argparse.Namespace) -> Any:
-    """A JobSubmissionClient for --address (its constructor checks the address answers)."""
+    """A JobSubmissionClient for --address (its constructor checks the address answers);
+    an address that does not answer is tried again for --connect-timeout seconds (a Ray
+    head that is still starting, e.g. the chart's submitter started beside it)."""
     from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
-    token = ray_token(args.ray_token_file, args.address)
+    if getattr(args, "ray_token_secret", None):
+        token: str | None = token_from_secret(args.ray_token_secret)
+    else:
+        token = ray_token(args.ray_token_file, args.address)
     headers = {"Authorization": f"Bearer {token}"} if token else None
-    try:
-        return JobSubmissionClient(args.address, headers=headers)
-    except ConnectionError:
-        raise SubmitError(f"cannot reach the Ray Jobs API at {args.address} (is the "
-                          "address right, and the port-forward or endpoint up?)") from None
-    except AuthenticationError:
-        raise SubmitError(f"the Ray Jobs API at {args.address} refused Ray's token: give "
-                          "the cluster's with --ray-token-file or RAY_AUTH_TOKEN_PATH") from None
-    except (RuntimeError, ValueError) as exc:
-        raise SubmitError(f"cannot use the Ray Jobs API at {args.address}: "
-                          f"{_first_line(exc)}") from None
+    deadline = time.monotonic() + max(0.0, getattr(args, "connect_timeout", 0.0) or 0.0)
+    while True:
+        try:
+            return JobSubmissionClient(args.address, headers=headers)
+        except ConnectionError:
+            if time.monotonic() < deadline:
+                time.sleep(2.0)
+                continue
+            raise SubmitError(f"cannot reach the Ray Jobs API at {args.address} (is the "
+                              "address right, the Ray head up, and the port-forward or "
+                              "endpoint running?)") from None
+        except AuthenticationError:
+            raise SubmitError(f"the Ray Jobs API at {args.address} refused Ray's token: "
+                              "give the cluster's with --ray-token-file, --ray-token-secret "
+                              "or RAY_AUTH_TOKEN_PATH") from None
+        except (RuntimeError, ValueError) as exc:
+            raise SubmitError(f"cannot use the Ray Jobs API at {args.address}: "
+                              f"{_first_line(exc)}") from None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -302,9 +314,17 @@ def _address(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", required=True,
                    help="the Ray Jobs API: http://HOST:8265 (the head's dashboard port), "
                         "or an endpoint scheme such as sagemaker_ray://CLUSTER/NAMESPACE")
-    p.add_argument("--ray-token-file", default=None,
-                   help="Ray's auth token (else RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, "
-                        "~/.ray/auth_token)")
+    ray_tok = p.add_mutually_exclusive_group()
+    ray_tok.add_argument("--ray-token-file", default=None,
+                         help="Ray's auth token (else RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, "
+                              "~/.ray/auth_token)")
+    ray_tok.add_argument("--ray-token-secret", default=None, metavar="NAMESPACE/NAME[:KEY]",
+                         help="a Kubernetes Secret holding Ray's auth token (current kube "
+                              "context; the chart's Ray head uses <release>-ray, key "
+                              f"{DEFAULT_SECRET_KEY})")
+    p.add_argument("--connect-timeout", type=float, default=0.0, metavar="SECONDS",
+                   help="keep trying an address that does not answer for this long "
+                        "(default 0: fail at once)")
 
 
 def register_remote_commands(sub: argparse._SubParsersAction) -> None:

@@ -465,3 +465,23 @@ spec:
       protocol: TCP
       appProtocol: grpc
 {{- end -}}
+
+
+{{/* Prometheus (prometheus.enabled) ------------------------------------------------ */}}
+
+{{- define "rlfleet.prometheus" -}}{{ include "rlfleet.fullname" . }}-prometheus{{- end -}}
+
+{{/* Its prometheus.yml: the targets files/prometheus-discover.py finds (Debian's
+     Prometheus has no Kubernetes discovery of its own): the release's pods with the
+     prometheus.io/* annotations, each series labelled with its namespace and pod (what
+     the dashboard's queries select on), component, Ray node, env and reward service. */}}
+{{- define "rlfleet.prometheusConfig" -}}
+global:
+  scrape_interval: {{ .Values.prometheus.scrapeInterval }}
+  evaluation_interval: {{ .Values.prometheus.scrapeInterval }}
+scrape_configs:
+  - job_name: {{ include "rlfleet.fullname" . }}-pods
+    file_sd_configs:
+      - files: [/discovered/targets.json]
+        refresh_interval: {{ .Values.prometheus.scrapeInterval }}
+{{- end -}}

@@ -1,5 +1,8 @@
 {{/* Pod template of a Ray node (head or worker) of the learner.
-     dict "root" $ "group" .Values.learner.head "node" "head" "gpus" 0 */}}
+     dict "root" $ "group" .Values.learner.head "node" "head" "gpus" 0
+     optional: "job" true (the one pod of learner.mode job: it runs the learner itself);
+     "command" LIST (learner.mode raycluster: the node's `ray start`, with Ray's token auth
+     from the Secret <release>-ray) */}}
 {{- define "rlfleet.rayPod" -}}
 {{- $ := .root -}}
 {{- $l := $.Values.learner -}}
@@ -25,7 +28,11 @@ spec:
   # The learner checkpoints and stops on SIGTERM (it finishes or abandons the step).
   terminationGracePeriodSeconds: 120
   {{- end }}
-  {{- with include "rlfleet.modelInit" $ }}
+  {{- $init := include "rlfleet.modelInit" $ }}
+  {{- if and .command (eq .node "worker") }}
+  {{- $init = printf "%s\n%s" $init (include "rlfleet.rayWaitForHead" $) }}
+  {{- end }}
+  {{- with trim $init }}
   initContainers:
     {{- . | nindent 4 }}
   {{- end }}
@@ -35,9 +42,15 @@ spec:
       imagePullPolicy: {{ include "rlfleet.pullPolicy" (dict "root" $ "image" $l.image) }}
       {{- if .job }}
       command: ["rlfleet", "learner", "run", "--config", "/etc/rlfleet/learner.yaml", "--resume", "auto"]
+      {{- else if .command }}
+      command:
+        {{- toYaml .command | nindent 8 }}
       {{- end }}
       env:
         {{- include "rlfleet.commonEnv" $ | nindent 8 }}
+        {{- if .command }}
+        {{- include "rlfleet.rayAuthEnv" $ | nindent 8 }}
+        {{- end }}
         - name: RLFLEET_MODEL
           value: {{ $.Values.model | quote }}
         - name: RLFLEET_METRICS_PORT
@@ -70,6 +83,14 @@ spec:
           containerPort: 8080
           protocol: TCP
         {{- end }}
+      {{- if and .command (eq .node "head") }}
+      # Ready once the Jobs API (the dashboard's job server) listens.
+      readinessProbe:
+        tcpSocket:
+          port: dashboard
+        periodSeconds: 5
+        failureThreshold: 3
+      {{- end }}
       {{- if eq .node "worker" }}
       lifecycle:
         preStop:
@@ -85,6 +106,11 @@ spec:
         - name: learner-config
           mountPath: /etc/rlfleet
           readOnly: true
+        {{- if .command }}
+        - name: ray-auth
+          mountPath: /etc/ray-auth
+          readOnly: true
+        {{- end }}
         {{- if $g.shmSize }}
         - name: dshm
           mountPath: /dev/shm
@@ -94,6 +120,11 @@ spec:
     - name: learner-config
       configMap:
         name: {{ include "rlfleet.fullname" $ }}-learner
+    {{- if .command }}
+    - name: ray-auth
+      secret:
+        secretName: {{ include "rlfleet.raySecretName" $ }}
+    {{- end }}
     {{- if $g.shmSize }}
     - name: dshm
       emptyDir:
@@ -112,4 +143,63 @@ spec:
   affinity:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+{{- end -}}
+
+
+{{/* learner.mode raycluster ---------------------------------------------------------- */}}
+
+{{- define "rlfleet.rayHead" -}}{{ include "rlfleet.fullname" . }}-ray-head{{- end -}}
+{{- define "rlfleet.raySecretName" -}}{{ include "rlfleet.fullname" . }}-ray{{- end -}}
+{{/* The Jobs API of the chart's Ray head (the dashboard's job server). */}}
+{{- define "rlfleet.rayJobsAddress" -}}http://{{ include "rlfleet.rayHead" . }}:8265{{- end -}}
+
+{{/* Ray's token auth (Ray 2.60): every node, and every client of the Jobs API, presents
+     the token of the Secret <release>-ray, mounted at /etc/ray-auth. */}}
+{{- define "rlfleet.rayAuthEnv" -}}
+- name: RAY_AUTH_MODE
+  value: token
+- name: RAY_AUTH_TOKEN_PATH
+  value: /etc/ray-auth/token
+{{- end -}}
+
+{{/* `ray start` of a node: dict "root" $ "node" "head"|"worker"; the group's
+     rayStartParams come last (and win). A list for the container's command. */}}
+{{- define "rlfleet.rayStart" -}}
+{{- $l := .root.Values.learner -}}
+{{- $argv := list "ray" "start" "--block" "--disable-usage-stats" "--log-style=record" "--log-color=false" "--node-ip-address=$(POD_IP)" "--metrics-export-port=8080" -}}
+{{- $params := $l.workers.rayStartParams -}}
+{{- if eq .node "head" -}}
+{{- $argv = concat $argv (list "--head" "--port=6379" "--include-dashboard=true" "--dashboard-host=0.0.0.0" "--dashboard-port=8265" "--ray-client-server-port=10001" "--num-gpus=0") -}}
+{{- $params = $l.head.rayStartParams -}}
+{{- else -}}
+{{- $argv = append $argv (printf "--address=%s:6379" (include "rlfleet.rayHead" .root)) -}}
+{{- end -}}
+{{- range $k, $v := $params -}}
+{{- $argv = append $argv (printf "--%s=%v" $k $v) -}}
+{{- end -}}
+{{- toYaml $argv -}}
+{{- end -}}
+
+{{/* A worker's init container: waits until the head's GCS port answers (a worker that
+     starts first would exit and be restarted with back-off). */}}
+{{- define "rlfleet.rayWaitForHead" -}}
+- name: wait-for-ray-head
+  image: {{ include "rlfleet.image" (dict "root" $ "image" .Values.learner.image) | quote }}
+  imagePullPolicy: {{ include "rlfleet.pullPolicy" (dict "root" $ "image" .Values.learner.image) }}
+  command:
+    - python3
+    - -c
+    - |
+      import socket, time
+      while True:
+          try:
+              socket.create_connection(({{ include "rlfleet.rayHead" . | quote }}, 6379), 3).close()
+              break
+          except OSError:
+              time.sleep(2)
+  resources:
+    requests: {cpu: 10m, memory: 32Mi}
+    limits: {cpu: 100m, memory: 128Mi}
+  securityContext:
+    {{- toYaml .Values.learner.containerSecurityContext | nindent 4 }}
 {{- end -}}
