@@ -27,7 +27,7 @@ help:
 	@echo "make clean         remove generated stubs"
 
 venv: .venv/.rlfleet-stamp
-.venv/.rlfleet-stamp: requirements.txt pyproject.toml scripts/setup_venv.sh
+.venv/.rlfleet-stamp: requirements.txt requirements-host.txt pyproject.toml scripts/setup_venv.sh
 	@scripts/setup_venv.sh
 
 system:

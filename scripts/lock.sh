@@ -3,7 +3,8 @@
 # its exact version (names normalized, no extras), so `make` reinstalls exactly this set
 # and the images take their versions from it (`pip install -c requirements.txt .[EXTRA]`).
 # torch is written without its local label (+cpu): here it resolves to the CPU file on
-# local disk, on a GPU base to the CUDA build of the same version.
+# local disk, on a GPU base to the CUDA build of the same version. The host-only tools of
+# requirements-host.txt are left out: they are not the images' to install.
 #   scripts/lock.sh            (make lock)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,7 @@ cd "$(dirname "$0")/.."
   echo "# pyproject.toml, install, then regenerate. torch: the CPU build lies on local disk."
   .venv/bin/python -m pip freeze --exclude-editable --all \
     | grep -vE '^(pip|setuptools|wheel)==' \
+    | grep -viE "^($(grep -oE '^[A-Za-z0-9_.-]+' requirements-host.txt | paste -sd'|'))==" \
     | sed -E 's/\+cpu$//' \
     | .venv/bin/python -c '
 import re, sys

@@ -108,3 +108,17 @@ def test_no_event_file_before_the_first_step_or_eval(tmp_path: Path) -> None:
     assert board.write({"event": "start", "time": 1.0, "step": 0}) == 0
     board.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_tensorboard_itself_reads_the_run(tmp_path: Path) -> None:
+    """`tensorboard --logdir runs/<id>`, as the README says (set-up installs it)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = TensorBoardLog(tmp_path)
+    board.write(step_doc(1))
+    board.write(step_doc(2))
+    board.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert "step/reward_mean" in events.Tags()["scalars"]
+    assert [e.step for e in events.Scalars("step/reward_mean")] == [1, 2]
