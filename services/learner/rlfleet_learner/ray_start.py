@@ -18,11 +18,15 @@ import ray
 log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT = "timed out during startup"
+# Ray warns on every start that token authentication is on: it is, by design (the
+# learner's Ray is ours alone); a warning a user can do nothing about is noise
+AUTH_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 
 def init_local_ray(attempts: int = 4, **init_kwargs: Any) -> None:
     """`ray.init(address="local", **init_kwargs)`, retrying Ray's start-up time-out up to
     `attempts` times in all (30 s each, Ray's own wait)."""
+    logging.getLogger(AUTH_NOTICE_LOGGER).setLevel(logging.ERROR)
     for attempt in range(1, attempts + 1):
         try:
             ray.init(address="local", **init_kwargs)
