@@ -21,6 +21,7 @@ from rlfleet.rpc import RpcClient
 from rlfleet.storage import RunsRoot, list_versions
 from rlfleet.v1 import common_pb2, sync_pb2, sync_pb2_grpc
 from tests.factories import publish_version
+from tests.waits import scaled
 
 Sync = sync_pb2_grpc.SyncServiceStub
 RUN = "run-a"
@@ -126,7 +127,7 @@ def test_redis_flush_is_healed_from_shared(fleet) -> None:
         publish_version(root, RUN, v)
         publish(client, v)
     redis.flushall()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     latest = None
     while time.monotonic() < deadline:
         latest = AdapterDirectory(redis).latest(RUN)
@@ -152,7 +153,7 @@ def test_restart_rebuilds_state(tmp_path: Path, redis_url: str, start_ckptsync, 
 
 
 def _wait_versions(root: RunsRoot, want: list[int]) -> list[int]:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)  # a loaded machine sweeps later, not never
     while list_versions(root, RUN) != want and time.monotonic() < deadline:
         time.sleep(0.1)
     return list_versions(root, RUN)

@@ -33,6 +33,7 @@ import pytest
 import yaml
 
 from rlfleet.local.procs import free_port, rlfleet_argv
+from tests.waits import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -73,11 +74,11 @@ def _signal_all(pids: list[int], sig: signal.Signals) -> None:
 def _stop_head(marker: str) -> list[int]:
     """SIGTERM, then SIGKILL after a grace period; returns what is still alive after."""
     _signal_all(_marked_pids(marker), signal.SIGTERM)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     while _marked_pids(marker) and time.monotonic() < deadline:
         time.sleep(0.5)
     _signal_all(_marked_pids(marker), signal.SIGKILL)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + scaled(10)
     while _marked_pids(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     return _marked_pids(marker)
@@ -125,7 +126,7 @@ def _wait_for_job_server(address: str, proc: subprocess.Popen, root: Path) -> No
 
     auth = {"Authorization": f"Bearer {(root / 'ray_token').read_text()}"}
 
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + scaled(180)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             pytest.fail(f"ray start exited {proc.returncode}:\n"
@@ -259,7 +260,7 @@ def test_the_token_reaches_the_learner_and_stop_ends_the_job(
     token_path = cwd / environ[b"RLFLEET_AUTH_TOKEN_FILE"].decode()
     assert token_path.read_text() == FLEET_TOKEN
     # the learner got past its token check (it refuses to start without one) to Redis
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + scaled(240)
     while _connections(watcher) == before and time.monotonic() < deadline:
         status = rlfleet("status", job_id, *remote(head)).stdout.strip()
         assert status in ("PENDING", "RUNNING"), rlfleet("logs", job_id, *remote(head)).stdout

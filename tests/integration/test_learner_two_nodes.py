@@ -17,6 +17,7 @@ from rlfleet_learner.devices import DeviceError
 from rlfleet_learner.distributed import ClusterTooSmall
 from rlfleet_learner.workers import TrainerGroup
 from tests.integration.test_learner_data_parallel import rows
+from tests.waits import scaled
 
 NODE = {"num_cpus": 1, "num_gpus": 1, "object_store_memory": 80 * 1024 * 1024}
 
@@ -111,7 +112,7 @@ def test_cuda_asked_of_a_rank_without_cuda_fails_at_start(two_gpu_nodes,
     with pytest.raises(DeviceError, match="cuda but this rank sees no CUDA device"):
         TrainerGroup(config(tiny_model_dir, 2, device="cuda"), str(tiny_model_dir))
     # the group killed its ranks: both GPUs come back to the cluster
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + scaled(120)
     while ray.available_resources().get("GPU", 0) < 2 and time.monotonic() < deadline:
         time.sleep(0.5)
     assert ray.available_resources().get("GPU", 0) == 2

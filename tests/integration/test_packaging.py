@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from rlfleet.local.procs import free_port
+from tests.waits import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,7 +46,7 @@ def test_pip_install_env_extra_in_a_clean_venv_serves(tmp_path: Path) -> None:
                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + scaled(120)
         status = None
         while time.monotonic() < deadline and server.poll() is None:
             check = subprocess.run([str(rlfleet), "health", f"127.0.0.1:{port}"], cwd=tmp_path,

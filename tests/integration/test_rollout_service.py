@@ -22,6 +22,7 @@ from rlfleet.rpc import RpcClient
 from rlfleet.storage import RunsRoot
 from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc, sync_pb2, sync_pb2_grpc
 from tests.factories import publish_tiny_lora
+from tests.waits import scaled
 
 Rollout = rollout_pb2_grpc.RolloutServiceStub
 
@@ -244,7 +245,7 @@ def test_replica_killed_mid_request_loses_nothing(env, start_rollout, redis_url:
     store = ReplicaDirectory(connect(redis_url))
 
     def kill_when_busy() -> None:  # SIGKILL replica "ra" while it plays a group
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + scaled(120)
         while time.monotonic() < deadline:
             if any(r.replica_id == "ra" and r.active_groups for r in store.live()):
                 procs.kill(a)

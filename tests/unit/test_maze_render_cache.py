@@ -30,6 +30,7 @@ from rlfleet.maze.tasks import new_episode
 from rlfleet.v1 import common_pb2, env_pb2
 from rlfleet_env.episodes import EpisodeTable
 from rlfleet_env.servicers import EnvServicer
+from tests.waits import scaled
 
 MOVES = ["('move', 0)", "('move', 1)", "('move', 2)", "('move', 3)"]
 
@@ -164,7 +165,7 @@ def test_bad_states_still_rejected(cold_cache) -> None:
         render_frames([(layout, (0, 0), 8), (layout, good, 8)])
     with pytest.raises(ValueError, match="cell_px"):
         render_frame(layout, None, 0)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while cold_cache._pending and time.monotonic() < deadline:  # the good one may still run
         time.sleep(0.01)
     assert not cold_cache._pending

@@ -11,6 +11,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlfleet.rpc.server import GrpcServer, ServerConfig
+from tests.waits import scaled
 
 
 def test_clients_reconnect_after_the_connection_age_and_no_call_fails() -> None:
@@ -26,7 +27,7 @@ def test_clients_reconnect_after_the_connection_age_and_no_call_fails() -> None:
 
         channel.subscribe(record, try_to_connect=True)
         stub = health_pb2_grpc.HealthStub(channel)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         calls = 0
         while time.monotonic() < deadline:
             reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=10)
