@@ -5,7 +5,10 @@ one rank; asking for more GPUs than the cluster has fails at start, naming the n
 
 from __future__ import annotations
 
+import os
+import signal
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -29,9 +32,26 @@ def two_gpu_nodes():
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, include_dashboard=False, configure_logging=False,
              log_to_driver=False)
+    session_dir = cluster.head_node.get_session_dir_path()
     yield cluster
     ray.shutdown()
     cluster.shutdown()
+    end_leftovers(session_dir)
+
+
+def end_leftovers(session_dir: str) -> None:
+    """What of the Ray session still runs after `Cluster.shutdown()`, ended: on a loaded
+    machine its dashboard once outlived the shutdown and the whole test session."""
+    for entry in Path("/proc").iterdir():
+        try:
+            cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if entry.name.isdigit() and session_dir in cmd:
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def config(model_dir, workers: int, device: str = "cpu", **ray_cfg) -> LearnerConfig:  # noqa: ANN001
