@@ -28,7 +28,7 @@ import torch
 
 from bench.common import write_results
 from rlfleet.local.metrics_jsonl import read_events
-from rlfleet.maze.difficulty import BANDS, band, shortest_moves
+from rlfleet.maze.difficulty import BANDS, by_band
 from rlfleet.maze.tasks import HELDOUT_SEEDS
 from rlfleet.sft.train import SFTConfig, train_sft
 
@@ -53,10 +53,8 @@ def grpo_run(run_dir: Path | None) -> Path:
 
 def sft_band_rates(result: dict, size: int) -> dict[str, float]:
     solved = set(result["solved_seeds"])
-    members: dict[str, list[int]] = {}
-    for seed in HELDOUT_SEEDS:
-        members.setdefault(band(shortest_moves(seed, size)), []).append(seed)
-    return {key: sum(s in solved for s in seeds) / len(seeds) for key, seeds in members.items()}
+    return {key: sum(s in solved for s in seeds) / len(seeds)
+            for key, seeds in by_band(HELDOUT_SEEDS, size).items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,8 @@ more.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from rlfleet.maze.generate import generate_layout
 from rlfleet.maze.oracle import distance_to_target
 
@@ -33,3 +35,11 @@ def band(moves: int) -> str:
         if moves >= low and (high is None or moves <= high):
             return key
     raise ValueError(f"a shortest path has >= 0 moves, got {moves}")
+
+
+def by_band(seeds: Iterable[int], size: int) -> dict[str, list[int]]:
+    """The seeds grouped by their maze's band (keys in BANDS order; empty bands left out)."""
+    members: dict[str, list[int]] = {}
+    for seed in seeds:
+        members.setdefault(band(shortest_moves(seed, size)), []).append(seed)
+    return {key: members[key] for key, _, _, _ in BANDS if key in members}

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from rlfleet.clients.rollout_pool import RolloutPool
 from rlfleet.learner_config import LearnerConfig
-from rlfleet.maze.difficulty import BANDS, band, shortest_moves
+from rlfleet.maze.difficulty import by_band
 from rlfleet.maze.tasks import EVAL_SEEDS, HELDOUT_SEEDS
 from rlfleet_learner.requests import eval_episode
 
@@ -36,11 +36,8 @@ def by_length(name: str, seeds: list[int], by_seed: dict[int, object], size: int
               ) -> dict[str, dict]:
     """The set's solve rate in each band of shortest-path length (e.g. heldout_moves_ge12);
     bands with no maze of this size are left out."""
-    members: dict[str, list[int]] = {}
-    for seed in seeds:
-        members.setdefault(band(shortest_moves(seed, size)), []).append(seed)
-    return {f"{name}_{key}": summarize([by_seed[s] for s in members[key]])
-            for key, _, _, _ in BANDS if key in members}
+    return {f"{name}_{key}": summarize([by_seed[s] for s in members])
+            for key, members in by_band(seeds, size).items()}
 
 
 def evaluate(pool: RolloutPool, cfg: LearnerConfig, version: int,
