@@ -24,10 +24,15 @@ ON_REQUEST = ["bench.bench_grpo_levers"]
 
 def main(names: list[str]) -> int:
     sys.argv[1:] = []  # the names are ours; a bench's own flags take their defaults
-    for name in names or BENCHES:
+    chosen = [name if name.startswith("bench.") else f"bench.{name}" for name in names]
+    unknown = [name for name in chosen if name not in BENCHES + ON_REQUEST]
+    if unknown:
+        raise SystemExit(f"unknown bench(es) {unknown}: the benches are "
+                         f"{[n.removeprefix('bench.') for n in BENCHES + ON_REQUEST]}")
+    for name in chosen or BENCHES:
         print(f"\n=== {name}", flush=True)
         start = time.perf_counter()
-        importlib.import_module(name if name.startswith("bench.") else f"bench.{name}").main()
+        importlib.import_module(name).main()
         print(f"=== {name} done in {time.perf_counter() - start:.0f}s", flush=True)
     print_targets()
     return 0
