@@ -17,7 +17,7 @@ from dataclasses import replace
 import numpy as np
 
 from rlfleet.grpo import BatchStats, GRPOConfig, NonFiniteRewards, TrainSample, prepare_batch
-from rlfleet.grpo.advantages import turn_advantages
+from rlfleet.grpo.advantages import group_indices, turn_advantages
 from rlfleet.v1 import rollout_pb2
 
 
@@ -84,11 +84,9 @@ def turn_credit(kept: Sequence[TrainSample], cfg: GRPOConfig) -> dict[Hashable, 
     """Per-turn advantages (grpo.credit "turn") of the kept samples, by sequence key: one
     per segment, from the reward service's turn rewards (one per turn, so one per segment
     in the per-turn contexts)."""
-    groups: dict[Hashable, list[TrainSample]] = {}
-    for sample in kept:
-        groups.setdefault(sample.group_id, []).append(sample)
     out: dict[Hashable, list[float]] = {}
-    for members in groups.values():
+    for positions in group_indices([sample.group_id for sample in kept]).values():
+        members = [kept[i] for i in positions]
         splits = []
         for sample in members:
             t: rollout_pb2.Trajectory = sample.extras["trajectory"]
