@@ -11,6 +11,7 @@ STUBS := $(patsubst protos/rlfleet/v1/%.proto,libs/rlfleet/v1/%_pb2.py,$(PROTOS)
 
 help:
 	@echo "make run           the main job on the local default (tiny model, CPU)"
+	@echo "make run CONFIG=F  the same with another learner config (configs/local-tiny-9x9.yaml)"
 	@echo "make test          the full test suite"
 	@echo "make bench         benchmarks (JSON + table under bench/results/)"
 	@echo "make baseline      the untrained policy's solve rates"
@@ -46,8 +47,9 @@ setup: venv system proto
 vllm-venv: venv
 	@scripts/setup_vllm_venv.sh >/dev/null
 
+# CONFIG=configs/local-tiny-9x9.yaml runs another learner config (default: local-tiny.yaml)
 run: setup
-	$(PYTHON) -m rlfleet.local.run
+	$(PYTHON) -m rlfleet.local.run $(if $(CONFIG),--config $(CONFIG))
 
 # The suite on every core (pytest-xdist); tests that must share one worker say so with
 # xdist_group marks (--dist loadgroup). TEST_WORKERS=1 runs it serially;

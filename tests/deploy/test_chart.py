@@ -252,6 +252,18 @@ def test_rollout_is_ready_only_when_its_adapter_is_loaded(render) -> None:
     assert args[args.index("--engine") + 1] == "vllm"
 
 
+def test_local_rollout_runs_one_torch_thread_and_hyperpod_leaves_it_to_torch(render) -> None:
+    """Two CPU replicas beside the learner on a 2-core node: a torch thread per core each
+    slowed every GRPO step ~5x (the in-cluster test, before rollout.torchThreads)."""
+    def args(values: Path) -> list[str]:
+        dep = render(values).get("Deployment", "rlfleet-rollout")
+        return container(dep["spec"]["template"])["args"]
+
+    local = args(LOCAL)
+    assert local[local.index("--torch-threads") + 1] == "1"
+    assert "--torch-threads" not in args(HYPERPOD)
+
+
 def test_rollout_and_learner_placement_on_hyperpod(render) -> None:
     r = render(HYPERPOD)
     dep = r.get("Deployment", "rlfleet-rollout")

@@ -31,6 +31,7 @@ import math
 import os
 import re
 import socket
+import shutil
 import subprocess
 import sys
 import time
@@ -145,6 +146,18 @@ def gauge(text: str, name: str) -> dict[str, float]:
     return out
 
 
+class Phases:
+    """Seconds each phase of the fleet's set-up took, written to a JSON file as they end
+    (the slow part of a slow run, without a rerun)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.start, self.seconds = path, time.monotonic(), {}
+
+    def done(self, phase: str) -> None:
+        self.seconds[phase] = round(time.monotonic() - self.start - sum(self.seconds.values()), 1)
+        self.path.write_text(json.dumps(self.seconds, indent=1))
+
+
 def host_state() -> dict[str, object]:
     """What a cluster could leave behind on the host."""
     sysctls = {k: Path(f"/proc/sys/{k}").read_text().strip()
@@ -162,18 +175,22 @@ def host_state() -> dict[str, object]:
 def fleet(k8s_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     before = host_state()
     state = tmp_path_factory.mktemp("cluster")
+    phases = Phases(tmp_path_factory.getbasetemp() / "cluster-phases.json")
     env = {**os.environ, "KUBECONFIG": str(state / "kubeconfig")}
     up = _run(["bash", str(SCRIPTS / "cluster.sh"), "up", "--dir", str(state)],
               timeout=BUILD_TIMEOUT_S)
     kubeconfig = Path(up.stdout.strip().splitlines()[-1])
+    phases.done("cluster up")
     env["KUBECONFIG"] = str(kubeconfig)
     try:
         images = _run(["bash", str(IMAGES / "build.sh"), "--profile", "local"],
                       timeout=BUILD_TIMEOUT_S).stdout.split()
         images.append(_run(["bash", str(IMAGES / "build-example.sh"), str(EXAMPLE),
                             "path-efficiency-reward:1.0.0"], timeout=900).stdout.split()[-1])
+        phases.done("images built")
         _run(["bash", str(SCRIPTS / "cluster.sh"), "load", "--dir", str(state), *images,
               "localhost/rlfleet-redis:7.0", "localhost/rlfleet-prometheus:2.42"], timeout=900)
+        phases.done("images loaded")
         # /shared: a directory of the node that every pod mounts (hostPath); the pods run as
         # uid 10001.
         shared = state / "shared"
@@ -184,6 +201,7 @@ def fleet(k8s_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[F
         _run(["make", "-s", "deploy", "VALUES=deploy/helm/rlfleet/values-local.yaml",
               f"RELEASE={RELEASE}", "NAMESPACE=default", f"HELM_ARGS={helm_args}"],
              env=env, timeout=900)
+        phases.done("deployed")
         fleet = Fleet(kubeconfig, k8s_bin / "kubectl", shared, env)
         # Every component Ready through its probe (the model is built by the init
         # containers first), the learner's pod running.
@@ -191,8 +209,14 @@ def fleet(k8s_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[F
                              ("env", "reward", "rollout", "ckptsync", "redis", "prometheus"))
                  and fleet.ray_node("head") and fleet.ray_node("worker"), 900,
                  "every component's pod Ready", fleet.diagnose)
+        phases.done("every pod Ready")
         yield fleet
     finally:
+        # The run's record outlives the cluster's folder (removed by `down`), for a look at
+        # where a slow or failed run spent its time.
+        record = state / "shared" / "runs" / RUN / "metrics.jsonl"
+        if record.is_file():
+            shutil.copy(record, tmp_path_factory.getbasetemp() / "cluster-metrics.jsonl")
         _run(["bash", str(SCRIPTS / "cluster.sh"), "down", "--dir", str(state)], check=False,
              timeout=300)
         after = host_state()

@@ -27,12 +27,14 @@ def stack(tmp_path: Path, procs):  # noqa: ANN201
     s.close()
 
 
-def config(stack: LocalStack, tmp_path: Path, run: str) -> Path:
+def config(stack: LocalStack, tmp_path: Path, run: str, group_size: int = 8,
+           max_turns: int = 40) -> Path:
     # hot sampling and long episodes: a step's rollouts take seconds, so the signal lands
     # while the learner waits for them
     return learner_config(stack, tmp_path, run, steps=50, eval=NO_EVAL,
-                          data={"groups_per_step": 4, "group_size": 8, "max_turns": 40,
-                                "turn_margin": 0, "temperature": 3.0},
+                          data={"groups_per_step": 4, "group_size": group_size,
+                                "max_turns": max_turns, "turn_margin": 0,
+                                "temperature": 3.0},
                           checkpoint={"every": 1000}, ray={"num_workers": 1})
 
 
@@ -93,7 +95,9 @@ def test_sigterm_after_a_step_checkpoints_it_and_resumes_there(stack: LocalStack
                                                                 tmp_path: Path) -> None:
     run = stack.run
     metrics = stack.runs_root / run / "metrics.jsonl"
-    path = config(stack, tmp_path, run)
+    # a quarter of the first test's turns a step: the signal comes once a step is recorded,
+    # while the next one's rollouts (still the bulk of a step) are under way
+    path = config(stack, tmp_path, run, group_size=4, max_turns=20)
     proc = start_learner(path)
     wait_for(metrics, lambda ev: any(e["event"] == "step" for e in ev), timeout_s=600)
     proc.send_signal(signal.SIGTERM)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,10 +13,17 @@ from rlfleet.learner_config import LearnerConfig
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-@pytest.mark.parametrize("name", ["local-tiny.yaml", "qwen3-vl-8b-hyperpod.yaml"])
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml")))
 def test_shipped_configs_validate(name: str) -> None:
     cfg = load_config(LearnerConfig, CONFIGS / name, env={})
     assert cfg.grpo.clip_low == 0.2
+
+
+def test_the_9x9_profile_starts_from_its_own_9x9_checkpoint() -> None:
+    cfg = load_config(LearnerConfig, CONFIGS / "local-tiny-9x9.yaml", env={})
+    assert cfg.data.size == 9 and cfg.model.path.is_dir()
+    sft = json.loads((cfg.model.path / "sft_summary.json").read_text())
+    assert sft["size"] == 9 and sft["context"] == cfg.data.context
 
 
 def test_production_config_matches_the_reference() -> None:
