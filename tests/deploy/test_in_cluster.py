@@ -30,8 +30,8 @@ import json
 import math
 import os
 import re
-import socket
 import shutil
+import socket
 import subprocess
 import sys
 import time
