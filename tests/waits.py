@@ -11,8 +11,10 @@ when the suite passes, and only delays the report of a test that hangs.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -57,3 +59,26 @@ def wait_until(what: str, predicate: Callable[[], T], timeout_s: float = 60.0,
     detail = diagnose()
     raise AssertionError(f"timed out after {limit:.0f} s waiting for {what}"
                          f" (last error: {last_exc!r})" + (f"\n{detail}" if detail else ""))
+
+
+def _thread_states(pgid: int) -> list[str]:
+    """The state letter of every thread of every process in process group `pgid`."""
+    states = []
+    for stat in Path("/proc").glob("[0-9]*/task/[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if int(fields[2]) == pgid:
+            states.append(fields[0])
+    return states
+
+
+def hang_process_group(pgid: int) -> None:
+    """SIGSTOPs process group `pgid` and returns once every thread in it is stopped (or
+    dead): kill() returns before the stop takes effect, and on a busy machine the peer
+    answered the next call in that gap (test_service_clients, under `yes` x2)."""
+    os.killpg(pgid, signal.SIGSTOP)
+    wait_until(f"process group {pgid} stopped",
+               lambda: all(s in "TtZX" for s in _thread_states(pgid)), timeout_s=30,
+               period_s=0.01)

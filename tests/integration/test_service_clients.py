@@ -30,6 +30,7 @@ from rlfleet.rpc.server import GrpcServer, ServerConfig
 from rlfleet.storage import RunsRoot
 from rlfleet.v1 import common_pb2, env_pb2, env_pb2_grpc, reward_pb2
 from tests.factories import publish_version
+from tests.waits import hang_process_group
 
 RUN = "clients"
 
@@ -107,7 +108,7 @@ def test_a_deadline_fires_as_the_typed_error(start_env, procs: ProcessGroup) -> 
     proc = start_env()
     env = EnvClient(proc.address, timeout_s=1.0)
     assert env.tasks()  # connected
-    os.killpg(proc.popen.pid, signal.SIGSTOP)  # hung: holds its socket, never answers
+    hang_process_group(proc.popen.pid)  # hung: holds its socket, never answers
     try:
         with pytest.raises(DeadlineExceeded) as err:
             env.tasks()

@@ -32,6 +32,7 @@ from tests.reliability.conftest import (
     stream_code,
     wait_until,
 )
+from tests.waits import hang_process_group
 
 ENV_TIMEOUT_S = 2.0
 IDLE_TIMEOUT_S = 8.0  # longer than a trajectory of these groups takes (a few seconds)
@@ -39,7 +40,7 @@ IDLE_TIMEOUT_S = 8.0  # longer than a trajectory of these groups takes (a few se
 
 @contextlib.contextmanager
 def stopped(proc: Proc) -> Iterator[None]:
-    os.killpg(proc.popen.pid, signal.SIGSTOP)
+    hang_process_group(proc.popen.pid)
     try:
         yield
     finally:

@@ -27,6 +27,7 @@ from tests.reliability.conftest import (
     metric_total,
     wait_until,
 )
+from tests.waits import hang_process_group
 
 HEARTBEAT_TTL_S = 3.0  # what conftest's replicas advertise (--heartbeat-ttl-s 3)
 
@@ -56,7 +57,7 @@ def test_stopped_replica_loses_its_groups_when_its_heartbeat_expires(fleet: Flee
     runner.start()
     wait_until("replica rb mid-group", lambda: fleet.status(rb).active_groups, timeout_s=120,
                period_s=0.02)
-    os.killpg(rb.popen.pid, signal.SIGSTOP)
+    hang_process_group(rb.popen.pid)
     stopped_at = time.monotonic()
     try:
         wait_until("rb's heartbeat to expire",

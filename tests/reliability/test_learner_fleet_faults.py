@@ -26,7 +26,7 @@ from rlfleet.local.stack import LocalStack, start_stack
 from rlfleet.storage import RunsRoot, list_checkpoints
 from tests import factories
 from tests.factories import NO_EVAL, SFT, learner_process
-from tests.waits import scaled, wait_until
+from tests.waits import hang_process_group, scaled, wait_until
 
 RUN = "fleet-faults"
 STEPS = 5
@@ -74,13 +74,13 @@ def test_a_sync_learner_trains_on_without_lost_replicas_and_stops_cleanly_withou
     proc = learner_process(config)
     try:
         wait_until("step 1", lambda: stepped(metrics, proc, 1), timeout_s=600)
-        os.killpg(stalled.popen.pid, signal.SIGSTOP)
+        hang_process_group(stalled.popen.pid)
         wait_until("step 3, trained on one replica", lambda: stepped(metrics, proc, 3),
                    timeout_s=600)
         short = events_of(metrics, "replicas_short")
         assert short and all(e["serving"] == ["rollout-0"] and e["wanted"] == 2
                              for e in short), short
-        os.killpg(stack.sync.popen.pid, signal.SIGSTOP)
+        hang_process_group(stack.sync.popen.pid)
         out, _ = proc.communicate(timeout=scaled(600))
     finally:
         if proc.poll() is None:

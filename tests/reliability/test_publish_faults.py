@@ -29,6 +29,7 @@ from rlfleet.local.procs import Proc
 from rlfleet_learner.faults import FleetFailure, PublishFailed, ReplicasLost
 from rlfleet_learner.publisher import AdapterPublisher
 from tests.reliability.conftest import Fleet, lora_files, scaled, wait_until
+from tests.waits import hang_process_group
 
 CALL_S = 2.0  # one call's deadline: a hung ckpt-sync costs this per attempt
 
@@ -36,7 +37,7 @@ CALL_S = 2.0  # one call's deadline: a hung ckpt-sync costs this per attempt
 @contextlib.contextmanager
 def stopped(*procs: Proc) -> Iterator[None]:
     for proc in procs:
-        os.killpg(proc.popen.pid, signal.SIGSTOP)
+        hang_process_group(proc.popen.pid)
     try:
         yield
     finally:
