@@ -70,6 +70,15 @@ def no_process_left_behind() -> Iterator[None]:
     leaks.assert_none_left(grace_s=scaled(10))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def vllm_sockets_in_the_session_temp(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """vLLM names its engine's ZMQ IPC sockets by uuid under VLLM_RPC_BASE_PATH (default
+    /tmp) and a killed engine leaves them there: the suite's go to its own temp folder,
+    which pytest prunes. Child processes (the vLLM tier's own pytest) inherit it."""
+    if "VLLM_RPC_BASE_PATH" not in os.environ:
+        os.environ["VLLM_RPC_BASE_PATH"] = str(tmp_path_factory.mktemp("vllm-ipc"))
+
+
 @pytest.fixture
 def procs(tmp_path: Path) -> Iterator[ProcessGroup]:
     group = ProcessGroup(tmp_path / "logs", wait_scale=SCALE)

@@ -139,6 +139,22 @@ def test_bad_arguments_are_refused(tmp_path, capsys):
     assert "--steps" in capsys.readouterr().err
     assert sft_main(["sft", "--out", str(tmp_path / "x"), "--steps", "1",
                      "--p-oracle", "nonsense"]) == 2
+    capsys.readouterr()
+    assert sft_main(["sft", "--out", str(tmp_path / "x"), "--steps", "1", "--layers", "0"]) == 2
+    assert sft_main(["sft", "--out", str(tmp_path / "x"), "--steps", "1", "--layers", "6",
+                     "--base", str(tmp_path)]) == 2  # a depth reshapes no existing model
+    assert capsys.readouterr().err.count("--layers") == 2
+
+
+def test_layers_sizes_a_fresh_base(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLFLEET_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "deep"
+    assert sft_main(["sft", "--out", str(out), "--steps", "1", "--batch", "2", "--layers", "6",
+                     "--no-eval", "--context", "frame_only"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["text_config"]["num_hidden_layers"] == 6
+    model, _ = load_policy(out)
+    assert model.config.text_config.num_hidden_layers == 6
 
 
 # -- the shipped checkpoint ----------------------------------------------------------

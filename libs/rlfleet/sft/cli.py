@@ -24,6 +24,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the data and the init")
     p.add_argument("--base", type=Path, default=None,
                    help="base model directory (default: the tiny base in $RLFLEET_CACHE)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="language-model layers of a fresh tiny base (default: 4); not with --base")
     p.add_argument("--warmup", type=int, default=20, help="linear warm-up steps")
     p.add_argument("--schedule", default="constant", choices=["constant", "cosine", "linear"],
                    help="learning rate after the warm-up")
@@ -86,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = SFTConfig(
             out=args.out, size=args.size, steps=args.steps, minutes=args.minutes, lr=args.lr,
-            batch=args.batch, seed=args.seed, base=args.base, warmup=args.warmup,
+            batch=args.batch, seed=args.seed, base=args.base, layers=args.layers, warmup=args.warmup,
             schedule=args.schedule, decay_steps=args.decay_steps,
             min_lr_ratio=args.min_lr_ratio,
             weight_decay=args.weight_decay, grad_clip=args.grad_clip,

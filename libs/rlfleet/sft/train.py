@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from rlfleet import defaults
 from rlfleet.maze import EVAL_SEEDS, HELDOUT_SEEDS
-from rlfleet.policy import ChatCodec, collate, ensure_tiny_model, load_policy
+from rlfleet.policy import ChatCodec, TinySpec, collate, ensure_tiny_model, load_policy
 from rlfleet.policy.logprobs import ModelBatch, forward, unwrap
 from rlfleet.sft.data import DataMix, EncodedExample, encode_example, example_stream
 from rlfleet.sft.evaluate import evaluate_greedy
@@ -61,6 +61,7 @@ class SFTConfig:
     batch: int = 64
     seed: int = 0
     base: Path | None = None  # default: the tiny base from ensure_tiny_model(cache)
+    layers: int | None = None  # a fresh base's language-model depth (default: TinySpec's)
     warmup: int = 20
     schedule: str = "constant"  # after warm-up: "constant", "cosine" or "linear" decay
     decay_steps: int | None = None  # the decay ends here (default: steps)
@@ -95,6 +96,8 @@ class SFTConfig:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.schedule != "constant" and (self.decay_steps or self.steps) is None:
             raise ValueError("a decaying schedule needs --decay-steps or --steps")
+        if self.layers is not None and (self.layers < 1 or self.base is not None):
+            raise ValueError("--layers (>= 1) sizes a fresh tiny base; it cannot reshape --base")
 
     def lr_at(self, step: int) -> float:
         """The learning rate of optimizer step ``step`` (0-based): linear warm-up, then the
@@ -242,7 +245,8 @@ def train_sft(cfg: SFTConfig, log: Callable[[str], None] = print) -> dict:
     """Run SFT as configured; writes the model and ``sft_summary.json`` to ``cfg.out``."""
     t_start = time.perf_counter()
     torch.manual_seed(cfg.seed)
-    base = Path(cfg.base) if cfg.base else ensure_tiny_model(defaults.cache_dir())
+    spec = TinySpec(num_layers=cfg.layers) if cfg.layers else None
+    base = Path(cfg.base) if cfg.base else ensure_tiny_model(defaults.cache_dir(), spec=spec)
     model, processor = load_policy(base, dtype=torch.float32)
     codec = ChatCodec(processor)
     sharpened = sharpen_attention(model, cfg.qk_gain)
