@@ -88,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = SFTConfig(
             out=args.out, size=args.size, steps=args.steps, minutes=args.minutes, lr=args.lr,
-            batch=args.batch, seed=args.seed, base=args.base, layers=args.layers, warmup=args.warmup,
+            batch=args.batch, seed=args.seed, base=args.base, layers=args.layers,
+            warmup=args.warmup,
             schedule=args.schedule, decay_steps=args.decay_steps,
             min_lr_ratio=args.min_lr_ratio,
             weight_decay=args.weight_decay, grad_clip=args.grad_clip,
