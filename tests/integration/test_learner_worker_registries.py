@@ -72,3 +72,13 @@ def test_an_entry_point_variant_is_known_in_the_workers(
         ray.kill(worker)
     finally:
         ADVANTAGE_ESTIMATORS.unregister("raw_reward")
+
+
+def test_the_workers_run_at_the_drivers_priority(local_ray) -> None:
+    # Ray's default worker_niceness (15) starved the trainer ranks beside any CPU-bound
+    # process; init_local_ray starts them at nice 0
+    @ray.remote(num_cpus=0)
+    def niceness() -> int:
+        return os.nice(0)
+
+    assert ray.get(niceness.remote()) == 0
