@@ -18,7 +18,7 @@ from ray.cluster_utils import Cluster
 from rlfleet.learner_config import LearnerConfig
 from rlfleet_learner.devices import DeviceError
 from rlfleet_learner.distributed import ClusterTooSmall
-from rlfleet_learner.ray_start import WORKER_NICENESS
+from rlfleet_learner.ray_start import SYSTEM_CONFIG
 from rlfleet_learner.workers import TrainerGroup
 from tests.integration.test_learner_data_parallel import rows
 from tests.waits import scaled
@@ -30,8 +30,8 @@ NODE = {"num_cpus": 1, "num_gpus": 1, "object_store_memory": 80 * 1024 * 1024}
 def two_gpu_nodes():
     # workers at the driver's priority, as init_local_ray starts them (Ray's default is
     # nice 15: starved beside any CPU-bound process)
-    cluster = Cluster(initialize_head=True, head_node_args={
-        **NODE, "_system_config": {"worker_niceness": WORKER_NICENESS}})
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={**NODE, "_system_config": dict(SYSTEM_CONFIG)})
     cluster.add_node(**NODE)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, include_dashboard=False, configure_logging=False,

@@ -22,8 +22,9 @@ import ray
 
 log = logging.getLogger(__name__)
 
-# Ray's own setting (ray_config_def.h); the trainer ranks are the job, not background work
-WORKER_NICENESS = 0
+# Ray's own settings (ray_config_def.h) for every Ray the learner's ranks run in: the
+# trainer ranks are the job, not background work
+SYSTEM_CONFIG: dict[str, Any] = {"worker_niceness": 0}
 
 STARTUP_TIMEOUT = "timed out during startup"
 # Ray warns on every start that token authentication is on: it is, by design (the
@@ -35,8 +36,7 @@ def init_local_ray(attempts: int = 4, **init_kwargs: Any) -> None:
     """`ray.init(address="local", **init_kwargs)`, retrying Ray's start-up time-out up to
     `attempts` times in all (30 s each, Ray's own wait)."""
     logging.getLogger(AUTH_NOTICE_LOGGER).setLevel(logging.ERROR)
-    system_config = {"worker_niceness": WORKER_NICENESS, **init_kwargs.pop("_system_config", {})}
-    init_kwargs["_system_config"] = system_config
+    init_kwargs["_system_config"] = {**SYSTEM_CONFIG, **init_kwargs.get("_system_config", {})}
     for attempt in range(1, attempts + 1):
         try:
             ray.init(address="local", **init_kwargs)
