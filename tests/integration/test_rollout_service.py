@@ -22,7 +22,7 @@ from rlfleet.rpc import RpcClient
 from rlfleet.storage import RunsRoot
 from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc, sync_pb2, sync_pb2_grpc
 from tests.factories import publish_tiny_lora
-from tests.waits import scaled
+from tests.waits import scaled, wait_until
 
 Rollout = rollout_pb2_grpc.RolloutServiceStub
 
@@ -196,11 +196,11 @@ def test_hot_load_verifies_and_swaps_adapters(env, start_rollout, start_ckptsync
         run="hot", version=2, path="hot/adapters/v000002", sha256="0" * 64))
     AdapterDirectory(redis).publish(AdapterRecord(
         run="hot", version=3, path="../../../etc", sha256="0" * 64))
-    time.sleep(3)
+    wait_until("the replica to refuse a forged announcement",
+               lambda: "adapter refused" in replica.log_path.read_text(), timeout_s=60)
     status = RpcClient(replica.address).call(Rollout, "GetStatus", rollout_pb2.StatusRequest())
     assert status.adapter.version in genuine
     assert status.adapter.sha256 == genuine[status.adapter.version]
-    assert "adapter refused" in replica.log_path.read_text()
     (live,) = ReplicaDirectory(redis).live()
     assert live.adapter_version in genuine
 

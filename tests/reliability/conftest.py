@@ -264,10 +264,12 @@ def metric_value(port: int, name: str, labels: str = "") -> float:
     return 0.0
 
 
-def stream_code(address: str, request: rollout_pb2.GroupRequest, timeout_s: float = 120
+def stream_code(address: str, request: rollout_pb2.GroupRequest, timeout_s: float = 120,
+                got: list[rollout_pb2.Trajectory] | None = None,
                 ) -> tuple[grpc.StatusCode, list[rollout_pb2.Trajectory], str]:
-    """Runs one group on one replica; (final code, trajectories received, details)."""
-    got: list[rollout_pb2.Trajectory] = []
+    """Runs one group on one replica; (final code, trajectories received, details).
+    `got`, when given, receives the trajectories as they arrive."""
+    got = [] if got is None else got
     try:
         for t in RpcClient(address, timeout_s=timeout_s).stream(Rollout, "RolloutGroup",
                                                                 request):

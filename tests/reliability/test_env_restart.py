@@ -5,6 +5,8 @@ back, delivering every index exactly once."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -20,6 +22,7 @@ from tests.reliability.conftest import (
     stream_code,
     wait_until,
 )
+from tests.waits import scaled
 
 
 @pytest.mark.slow
@@ -31,25 +34,43 @@ def test_env_restarted_mid_group_groups_retried_exactly_once(fleet: Fleet) -> No
     retries_before = metric_total("rlfleet_pool_group_retries")
     duplicates_before = metric_total("rlfleet_pool_duplicate_trajectories")
 
-    direct: dict = {}  # one long group straight on replica ra, to see its status
-    long_group = group(seed=1_000_500, g=4, turns=40, max_new_tokens=4)
-    direct_thread = threading.Thread(target=lambda: direct.update(
-        result=stream_code(ra.address, long_group)))
-    requests = [group(seed=1_000_510 + i, g=3, turns=8) for i in range(8)]
-    results: list = []
-    pool_thread = threading.Thread(target=lambda: results.extend(
-        pool.run_groups(requests, max_in_flight=4)))
-    direct_thread.start()
-    pool_thread.start()
-    wait_until("both replicas mid-group", lambda: all(
-        fleet.status(p).active_groups for p in (ra, rb)), timeout_s=60, period_s=0.05)
-    time.sleep(0.3)  # a few turns in
+    # The env is frozen (SIGSTOP) before it is killed, so no episode can end in between:
+    # a group still short of trajectories once the env is frozen is certainly cut off by
+    # the kill. Episodes can end fast (a reply that says stop), so an attempt where the
+    # direct group or replica rb had already finished is thawed, let run out, and redone.
+    for attempt in range(5):
+        direct: dict = {}  # one long group straight on replica ra, to see its status
+        direct_got: list = []
+        long_group = group(seed=1_000_500 + 100 * attempt, g=4, turns=40, max_new_tokens=4)
+        direct_thread = threading.Thread(
+            target=lambda d=direct, g=long_group, got=direct_got: d.update(
+                result=stream_code(ra.address, g, got=got)))
+        requests = [group(seed=1_000_510 + 100 * attempt + i, g=3, turns=8)
+                    for i in range(8)]
+        results: list = []
+        pool_thread = threading.Thread(target=lambda out=results, r=requests: out.extend(
+            pool.run_groups(r, max_in_flight=4)))
+        direct_thread.start()
+        pool_thread.start()
+        wait_until("both replicas mid-group", lambda: all(
+            fleet.status(p).active_groups for p in (ra, rb)), timeout_s=60, period_s=0.05)
+        time.sleep(0.3)  # a few turns in
+        os.killpg(env.popen.pid, signal.SIGSTOP)
+        time.sleep(scaled(0.5))  # a trajectory already on its way lands
+        if (direct_thread.is_alive() and len(direct_got) < long_group.group_size
+                and fleet.status(rb).active_groups):
+            break
+        os.killpg(env.popen.pid, signal.SIGCONT)
+        direct_thread.join(scaled(180))
+        pool_thread.join(scaled(300))
+    else:
+        pytest.fail("in 5 attempts the env was never frozen with both replicas mid-group")
     fleet.procs.kill(env)  # SIGKILL: every open episode is gone
     time.sleep(1.0)
     fleet.start_env("env-2", env.extra["port"])  # back at the same address, empty
 
-    direct_thread.join(180)
-    pool_thread.join(300)
+    direct_thread.join(scaled(180))
+    pool_thread.join(scaled(300))
     assert not direct_thread.is_alive() and not pool_thread.is_alive()
     code, got, details = direct["result"]
     assert code == grpc.StatusCode.UNAVAILABLE, (code, details)
