@@ -6,7 +6,8 @@
 #
 #   scripts/k8s/cluster.sh up [--dir DIR]      start it; prints the KUBECONFIG path
 #   scripts/k8s/cluster.sh load IMAGE...       copy images from our buildah storage into
-#                                              the node's containerd (imagePullPolicy Never)
+#                                              the node's containerd (imagePullPolicy Never),
+#                                              skipping those it already holds unchanged
 #   scripts/k8s/cluster.sh down [--dir DIR]    stop everything and put the host back
 #   scripts/k8s/cluster.sh status [--dir DIR]
 #
@@ -20,6 +21,11 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 CACHE="${RLFLEET_CACHE:-$HOME/.cache/rlfleet}"
 cmd="${1:-}"; shift || true
 DIR="$CACHE/k8s/cluster"
+# The node's images (containerd's root: content, unpacked layers, image records) outlive
+# the cluster, so a later `load` skips every image that is already there unchanged. A clean
+# stop leaves only images in it (node.sh removes the containers); a store whose node did
+# not stop cleanly is emptied at the next `up`. One cluster runs at a time (one netns).
+IMAGE_STORE="$CACHE/k8s/node-images"
 IMAGES=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -197,7 +203,7 @@ conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeou
 YAML
   cat > "$CFG/containerd.toml" <<TOML
 version = 2
-root = "$DIR/containerd/root"
+root = "$IMAGE_STORE/root"
 state = "$DIR/containerd/state"
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
                     "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
@@ -248,6 +254,12 @@ up() {
   [ -d /run/containerd ] || touch "$DIR/created-run-containerd"
   # `ip netns add` makes /run/netns a mount point of its own, and leaves it there.
   mountpoint -q /run/netns 2>/dev/null || touch "$DIR/created-run-netns"
+  if [ -e "$IMAGE_STORE/in-use" ]; then
+    log "the node's image store was not closed cleanly: emptied ($IMAGE_STORE)"
+    rm -rf "$IMAGE_STORE"
+  fi
+  mkdir -p "$IMAGE_STORE"; chmod 700 "$IMAGE_STORE"
+  touch "$IMAGE_STORE/in-use"   # removed by node.sh once its stop left only images
   write_configs
   ip netns add "$NS"
   ip link add rlk8s-host type veth peer name rlk8s-node
@@ -259,7 +271,7 @@ up() {
   ip -n "$NS" route add default via "$HOST_IP"   # the kubelet wants a default route
   log "starting the node in network namespace $NS (logs: $DIR/logs)"
   setsid nsenter --net="/run/netns/$NS" unshare -m --propagation private -- \
-    bash "$HERE/node.sh" "$DIR" "$BIN" </dev/null >>"$DIR/node.log" 2>&1 &
+    bash "$HERE/node.sh" "$DIR" "$BIN" "$IMAGE_STORE" </dev/null >>"$DIR/node.log" 2>&1 &
   echo $! > "$DIR/node.pid"
   local t0=$SECONDS
   until kubectl_ get node localhost -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -q True; do
@@ -278,10 +290,19 @@ up() {
 
 load() {  # IMAGE...: buildah storage -> docker archive -> containerd's k8s.io namespace
   IMAGE_TOOL=buildah; source "$(dirname "$HERE")/images/tool.sh"
-  local img
+  local ctr=(ctr --address "$DIR/containerd/containerd.sock" -n k8s.io) img id
   for img in "$@"; do
+    # An image is labelled with the buildah image ID it was imported from: the same name
+    # with the same ID is the same image, already unpacked.
+    id=$(buildah_store inspect --type image --format '{{.FromImageID}}' "$img") \
+      || { log "no image $img in the buildah storage"; exit 1; }
+    if [ -n "$("${ctr[@]}" images ls -q "name==$img,labels.\"rlfleet.io/image-id\"==$id")" ]; then
+      log "$img already in the node"
+      continue
+    fi
     buildah_store push -q "$img" "docker-archive:/dev/stdout:$img" \
-      | ctr --address "$DIR/containerd/containerd.sock" -n k8s.io images import - >/dev/null \
+      | "${ctr[@]}" images import - >/dev/null \
+      && "${ctr[@]}" images label "$img" "rlfleet.io/image-id=$id" >/dev/null \
       || { log "could not load $img"; exit 1; }
     log "loaded $img"
   done

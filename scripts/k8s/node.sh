@@ -7,10 +7,12 @@
 # Everything it mounts lives in this mount namespace only, every iptables rule, bridge and
 # net.* sysctl in the network namespace only: both vanish when this process tree ends.
 # SIGTERM stops the pods, then each component, in reverse order.
-#   node.sh DIR        (DIR: the state folder cluster.sh prepared: pki/, config/, ...)
+#   node.sh DIR BIN IMAGE_STORE   (DIR: the state folder cluster.sh prepared: pki/,
+#                                  config/, ...; IMAGE_STORE: containerd's root, kept)
 set -euo pipefail
 DIR=$1
 BIN=$2
+IMAGE_STORE=$3
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOGS="$DIR/logs"
 mkdir -p "$LOGS"
@@ -41,14 +43,29 @@ stop_all() {
   # The kubelet first (it would restart the containers we stop), then the containers
   # while containerd still answers, then the rest in reverse order of start.
   stop_one kubelet
-  local ctr=(ctr --address "$DIR/containerd/containerd.sock" -n k8s.io)
+  local ctr=(ctr --address "$DIR/containerd/containerd.sock" -n k8s.io) id only_images=false
   if [ -S "$DIR/containerd/containerd.sock" ]; then
     for id in $("${ctr[@]}" tasks ls -q 2>/dev/null); do "${ctr[@]}" tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true; done
+    # The image store outlives this node: its containers (and their writable layers) go,
+    # so the next node starts with images only.
+    only_images=true
+    for id in $("${ctr[@]}" containers ls -q 2>/dev/null); do
+      "${ctr[@]}" tasks rm -f "$id" >/dev/null 2>&1 || true
+      "${ctr[@]}" containers rm "$id" >/dev/null 2>&1 || only_images=false
+    done
   fi
   local i
   for ((i=${#PIDS[@]}-1; i>=0; i--)); do stop_one "${PIDS[$i]%%:*}"; done
   # containerd's shims outlive containerd by design: end them and their containers.
   pkill -KILL -f "containerd-shim-runc-v2 .*-address $DIR/containerd/containerd.sock" 2>/dev/null || true
+  if $only_images; then
+    # The CRI plugin's folders of the containers just removed (their records are gone).
+    rm -rf "$IMAGE_STORE/root/io.containerd.grpc.v1.cri/containers" \
+           "$IMAGE_STORE/root/io.containerd.grpc.v1.cri/sandboxes"
+    rm -f "$IMAGE_STORE/in-use"
+  else
+    log "containers left in the image store: the next start empties it"
+  fi
   log "stopped"
   exit 0
 }

@@ -76,6 +76,7 @@ class Fleet:
     kubectl: Path
     shared: Path
     env: dict[str, str]
+    images: list[str]  # the images loaded into the node (besides the pause image)
 
     def kubectl_json(self, *args: str) -> dict:
         return json.loads(self.k(*args, "-o", "json").stdout)
@@ -187,9 +188,10 @@ def fleet(k8s_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[F
                       timeout=BUILD_TIMEOUT_S).stdout.split()
         images.append(_run(["bash", str(IMAGES / "build-example.sh"), str(EXAMPLE),
                             "path-efficiency-reward:1.0.0"], timeout=900).stdout.split()[-1])
+        images += ["localhost/rlfleet-redis:7.0", "localhost/rlfleet-prometheus:2.42"]
         phases.done("images built")
-        _run(["bash", str(SCRIPTS / "cluster.sh"), "load", "--dir", str(state), *images,
-              "localhost/rlfleet-redis:7.0", "localhost/rlfleet-prometheus:2.42"], timeout=900)
+        _run(["bash", str(SCRIPTS / "cluster.sh"), "load", "--dir", str(state), *images],
+             timeout=900)
         phases.done("images loaded")
         # /shared: a directory of the node that every pod mounts (hostPath); the pods run as
         # uid 10001.
@@ -202,7 +204,7 @@ def fleet(k8s_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[F
               f"RELEASE={RELEASE}", "NAMESPACE=default", f"HELM_ARGS={helm_args}"],
              env=env, timeout=900)
         phases.done("deployed")
-        fleet = Fleet(kubeconfig, k8s_bin / "kubectl", shared, env)
+        fleet = Fleet(kubeconfig, k8s_bin / "kubectl", shared, env, images)
         # Every component Ready through its probe (the model is built by the init
         # containers first), the learner's pod running.
         wait_for(lambda: all(fleet.ready_pods(c) for c in
@@ -264,6 +266,35 @@ def test_every_pod_is_ready_through_its_probe(fleet: Fleet) -> None:
     wait_for(both_alive, 600,
              "both Ray nodes alive in the head's view",
              diagnose=lambda: f"last count: {seen[-1:]}\n{fleet.diagnose()}")
+
+
+def test_the_node_keeps_its_images_by_the_id_they_were_built_as(fleet: Fleet) -> None:
+    """The node's images outlive the cluster (scripts/k8s/cluster.sh), so a later start
+    loads only what changed: every image in the node is labelled with the buildah image ID
+    it came from; loading it again skips it, and one whose label no longer matches is
+    imported again."""
+    state = fleet.shared.parent
+    ctr = ["ctr", "--address", str(state / "containerd" / "containerd.sock"), "-n", "k8s.io"]
+
+    def node_image(name: str, image_id: str) -> bool:
+        out = _run([*ctr, "images", "ls", "-q",
+                    f'name=={name},labels."rlfleet.io/image-id"=={image_id}'])
+        return out.stdout.split() == [name]
+
+    def load(name: str) -> str:
+        return _run(["bash", str(SCRIPTS / "cluster.sh"), "load", "--dir", str(state),
+                     name]).stderr
+
+    pause = "localhost/rlfleet-pause:3.4"
+    for name in (*fleet.images, pause):
+        image_id = _run(["bash", "-c", f'IMAGE_TOOL=buildah; source "{IMAGES}/tool.sh"; '
+                         f"buildah_store inspect --type image --format '{{{{.FromImageID}}}}' "
+                         f"{name}"]).stdout.strip()
+        assert len(image_id) == 64 and node_image(name, image_id), (name, image_id)
+    assert "already in the node" in load(pause)
+    _run([*ctr, "images", "label", pause, "rlfleet.io/image-id=stale"])
+    assert "loaded" in load(pause)
+    assert not node_image(pause, "stale")
 
 
 DASHBOARD = ROOT / "deploy" / "helm" / "rlfleet" / "dashboards" / "rlfleet.json"
