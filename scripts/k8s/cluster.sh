@@ -8,6 +8,7 @@
 #   scripts/k8s/cluster.sh load IMAGE...       copy images from our buildah storage into
 #                                              the node's containerd (imagePullPolicy Never),
 #                                              skipping those it already holds unchanged
+#                                              and, of a changed one, the layers it holds
 #   scripts/k8s/cluster.sh down [--dir DIR]    stop everything and put the host back
 #   scripts/k8s/cluster.sh status [--dir DIR]
 #
@@ -290,7 +291,7 @@ up() {
 
 load() {  # IMAGE...: buildah storage -> docker archive -> containerd's k8s.io namespace
   IMAGE_TOOL=buildah; source "$(dirname "$HERE")/images/tool.sh"
-  local ctr=(ctr --address "$DIR/containerd/containerd.sock" -n k8s.io) img id
+  local ctr=(ctr --address "$DIR/containerd/containerd.sock" -n k8s.io) img id how
   for img in "$@"; do
     # An image is labelled with the buildah image ID it was imported from: the same name
     # with the same ID is the same image, already unpacked.
@@ -300,11 +301,22 @@ load() {  # IMAGE...: buildah storage -> docker archive -> containerd's k8s.io n
       log "$img already in the node"
       continue
     fi
-    buildah_store push -q "$img" "docker-archive:/dev/stdout:$img" \
-      | "${ctr[@]}" images import - >/dev/null \
-      && "${ctr[@]}" images label "$img" "rlfleet.io/image-id=$id" >/dev/null \
-      || { log "could not load $img"; exit 1; }
-    log "loaded $img"
+    # Only the layers the node lacks cross over (slim_archive.py); should containerd miss
+    # one it listed (a collection in between), the full archive goes instead.
+    "${ctr[@]}" content ls -q > "$DIR/node-digests"
+    if buildah_store push -q "$img" "docker-archive:/dev/stdout:$img" \
+         | python3 "$HERE/slim_archive.py" "$img" "$DIR/node-digests" \
+         | "${ctr[@]}" images import - >/dev/null; then
+      how="its new layers"
+    elif buildah_store push -q "$img" "docker-archive:/dev/stdout:$img" \
+         | "${ctr[@]}" images import - >/dev/null; then
+      how="in full"
+    else
+      log "could not load $img"; exit 1
+    fi
+    "${ctr[@]}" images label "$img" "rlfleet.io/image-id=$id" >/dev/null \
+      || { log "could not label $img"; exit 1; }
+    log "loaded $img ($how)"
   done
 }
 
