@@ -3,7 +3,8 @@
 #   etcd                      from Debian's etcd-server package (3.4)
 #   kube-apiserver, kubelet, kube-controller-manager, kube-scheduler, kube-proxy
 #                             built in one pass from Debian bookworm's kubernetes source
-#                             package (1.20.2): the Go packages they share compile once
+#                             package (1.20.2): the Go packages they share compile once;
+#                             without the in-tree cloud providers or dockershim
 #   pause                     the pod sandbox's process, from the same tree's pause.c
 # There is no Docker here and no other registry, so kind/k3s/envtest binaries cannot be
 # downloaded; Debian's source package is the one route. The result is cached under
@@ -98,10 +99,17 @@ if [ -d "$SRC/vendor/github.com/modern-go/reflect2" ] && [ -d "$R2" ]; then
     "$R2/" "$SRC/vendor/github.com/modern-go/reflect2/"
 fi
 
-export GOCACHE="$WORK/gocache" GOPATH="$WORK/gopath" GOFLAGS=-mod=vendor GO111MODULE=on
+# Build tags (Kubernetes' own; hack/lib/golang.sh passes GOFLAGS' -tags to go build):
+#   providerless  no in-tree cloud providers (AWS, Azure, GCE, OpenStack, vSphere SDKs):
+#                 the node here is no cloud's, and those SDKs were half the compile
+#   dockerless    no dockershim in the kubelet: it talks CRI to containerd (node.sh)
+# Measured on 2 cores: 5 min 45 s against 10 min 52 s without the tags (user CPU 8:56
+# against 17:28), and binaries of about half the size.
+export GOCACHE="$WORK/gocache" GOPATH="$WORK/gopath" GO111MODULE=on
+export GOFLAGS="-mod=vendor -tags=providerless,dockerless"
 export GOTOOLCHAIN=local KUBE_VERBOSE=0
 if [ ${#MISSING[@]} -gt 0 ]; then
-  log "building ${MISSING[*]} in one pass (10-20 minutes on 2 cores, once per machine)"
+  log "building ${MISSING[*]} in one pass (about 6 minutes on 2 cores, once per machine)"
   WHAT=$(printf 'cmd/%s ' "${MISSING[@]}")
   (cd "$SRC" && make WHAT="${WHAT% }" >&2)
   for c in "${MISSING[@]}"; do
