@@ -62,9 +62,16 @@ mkdir -p "$CACHE"
 exec 9>"$VENV.lock"
 flock 9
 
+# The modules the rollout engine imports: the smoke test imports them once, when the venv is
+# built; every later run only checks that they are still installed (`present`).
+MODULES=(torch torchvision transformers vllm peft grpc redis yaml pydantic prometheus_client)
+
 smoke() {
-  "$VENV/bin/python" - <<'EOF'
-import torch, torchvision, transformers, vllm, peft, grpc, redis, yaml, pydantic, prometheus_client
+  "$VENV/bin/python" - "${MODULES[@]}" <<'EOF'
+import importlib, sys
+for module in sys.argv[1:]:
+    importlib.import_module(module)
+import torch, torchvision, transformers, vllm, peft
 from torchvision.ops import nms  # fails when torchvision's binary does not match torch
 from vllm import LLM, SamplingParams  # noqa: F401
 from vllm.lora.request import LoRARequest  # noqa: F401
@@ -135,10 +142,9 @@ fi
 # The venv was smoke-tested when it was built under this stamp; a second import of vLLM
 # here would cost 16 s of every `make test`, so only its packages' presence is checked.
 present() {
-  "$VENV/bin/python" - <<'PY'
+  "$VENV/bin/python" - "${MODULES[@]}" rlfleet <<'PY'
 import importlib.util, sys
-missing = [m for m in ("torch", "torchvision", "transformers", "vllm", "peft", "grpc", "rlfleet")
-           if importlib.util.find_spec(m) is None]
+missing = [m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]
 sys.exit(f"missing: {' '.join(missing)}" if missing else 0)
 PY
 }
