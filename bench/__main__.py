@@ -18,8 +18,8 @@ BENCHES = [
     "bench.bench_grpo_vs_sft",  # reads the newest `make run` (or runs one first)
 ]
 # Run by name only (`python -m bench bench_grpo_levers`): a local fleet per lever, 4-8
-# minutes each on 2 quiet cores.
-ON_REQUEST = ["bench.bench_grpo_levers"]
+# minutes each on 2 quiet cores; the policy probe, about 1.5 minutes per policy.
+ON_REQUEST = ["bench.bench_grpo_levers", "bench.bench_policy_probe"]
 
 
 def main(names: list[str]) -> int:

@@ -95,10 +95,40 @@ class DataConfig(ClosedModel):
         "a step draws groups until groups_per_step of them carry signal (unequal rewards), "
         "at most this many in all; 0 (or up to groups_per_step): a step trains on the "
         "groups_per_step groups it drew")
+    min_moves: int = Field(
+        0, ge=0, le=4096, description="curriculum: training mazes whose shortest solution "
+        "has fewer moves are passed over (the evals keep every maze)")
+    max_moves: int | None = Field(
+        None, ge=0, le=4096, description="curriculum: training mazes whose shortest "
+        "solution has more moves are passed over; none: no upper bound")
     temperature: float = Field(1.0, gt=0, le=5, description="the replicas' sampling "
                                "temperature (grpo.temperature follows it)")
     max_new_tokens: int = Field(4, ge=1, le=4096, description="tokens generated a turn, "
                                 "at most")
+
+    def moves_band(self) -> tuple[int, int | None]:
+        """The curriculum's band of shortest solutions, (0, None) for every maze."""
+        return self.min_moves, self.max_moves
+
+    @model_validator(mode="after")
+    def _band_has_mazes(self) -> DataConfig:
+        if self.moves_band() == (0, None):
+            return self
+        if self.max_moves is not None and self.max_moves < self.min_moves:
+            raise ValueError(f"data.max_moves={self.max_moves} is less than "
+                             f"data.min_moves={self.min_moves}: the band is empty")
+        from rlfleet.maze.difficulty import shortest_moves
+        from rlfleet.maze.tasks import TRAIN_SEED_BASE
+
+        # the first thousand training mazes tell which lengths this size has
+        seen = {shortest_moves(TRAIN_SEED_BASE + i, self.size) for i in range(1000)}
+        high = self.max_moves if self.max_moves is not None else max(seen)
+        if not any(self.min_moves <= m <= high for m in seen):
+            raise ValueError(
+                f"data.min_moves={self.min_moves}, data.max_moves={self.max_moves}: no "
+                f"training maze of size {self.size} is in that band (the first 1000 have "
+                f"shortest solutions of {min(seen)}-{max(seen)} moves, in steps of 4)")
+        return self
 
     @model_validator(mode="after")
     def _visgym_frames(self) -> DataConfig:

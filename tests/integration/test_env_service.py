@@ -192,7 +192,8 @@ def test_unknown_reward_is_a_clear_error() -> None:
         capture_output=True, text=True, timeout=60,
     )
     assert out.returncode != 0
-    assert "unknown reward 'nope'; registered: ['format+task', 'progress', 'task']" in out.stderr
+    assert ("unknown reward 'nope'; registered: ['format+task', 'novelty', 'progress', "
+            "'task']") in out.stderr
 
 
 def _services(address: str) -> set[str]:

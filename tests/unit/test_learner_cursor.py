@@ -83,3 +83,34 @@ def test_update_batches_keep_groups_whole_and_cover_every_row_per_epoch():
             groups = {r.group_id for r in u}
             assert sum(1 for r in rows if r.group_id in groups) == len(u)
     assert update_batches(rows, 2, 3, seed=7) == updates  # seeded: reproducible
+
+
+def test_a_curriculum_band_hands_out_only_its_mazes_and_resumes_past_the_others():
+    from rlfleet.maze.difficulty import shortest_moves
+
+    cursor = SeedCursor(7, moves=(12, None))
+    seeds = cursor.next_seeds(6)
+    assert all(shortest_moves(s, 7) >= 12 for s in seeds)
+    # the band's seeds are the same as the unfiltered stream's long ones, in order
+    every = SeedCursor(7).next_seeds(200)
+    assert seeds == [s for s in every if shortest_moves(s, 7) >= 12][:6]
+    cursor.mark_trained(seeds[:3])
+    resumed = SeedCursor.from_dict(7, cursor.to_dict(), (12, None))
+    assert resumed.next_seeds(3) == seeds[3:]
+    source = SeedCursor(7, moves=(8, 8)).untrained()
+    assert all(shortest_moves(next(source), 7) == 8 for _ in range(50))
+
+
+@pytest.mark.parametrize(("band", "message"), [
+    ({"min_moves": 20}, "no training maze of size 7 is in that band.*8-16 moves"),
+    ({"min_moves": 12, "max_moves": 8}, "max_moves=8 is less than data.min_moves=12"),
+    ({"min_moves": 9, "max_moves": 11}, "no training maze of size 7 is in that band"),
+])
+def test_a_curriculum_band_without_mazes_is_refused_naming_the_numbers(band: dict,
+                                                                      message: str) -> None:
+    from pydantic import ValidationError
+
+    from rlfleet.learner_config import DataConfig
+
+    with pytest.raises(ValidationError, match=message):
+        DataConfig(size=7, **band)

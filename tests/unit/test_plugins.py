@@ -38,7 +38,7 @@ def spec(task: str, seed: int = 0, **kw) -> common_pb2.TaskSpec:
 def test_without_plugins_only_rlfleets_own() -> None:
     assert "countdown" not in default_tasks()
     assert default_tasks().names() == ["maze_2d", "maze_2d_hard"]
-    assert default_rewards().names() == ["format+task", "progress", "task"]
+    assert default_rewards().names() == ["format+task", "novelty", "progress", "task"]
 
 
 def test_a_plugin_task_is_found_through_its_entry_point(plugins) -> None:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from rlfleet.maze import (
@@ -103,6 +104,30 @@ def test_batch_points_at_the_agent_image_token_and_its_legal_moves(tiny_model_di
             assert batch.labels[r].tolist() == encs[r].target_ids
     loss, metrics = sft_loss(model, batch, agent_aux=1.0)
     assert loss.requires_grad and {"ce", "acc", "aux"} <= set(metrics)
+
+
+def test_feedback_aux_probes_the_action_position_for_the_reported_move(tiny_model_dir):
+    model, processor = load_policy(tiny_model_dir)
+    codec = ChatCodec(processor)
+    seed = train_seeds(0, 1, 7).seeds[0]
+    examples = maze_examples(seed, 7, np.random.default_rng(0))[:12]
+    assert any(e.feedback.startswith("Moved ") for e in examples)
+    assert any(not e.feedback.startswith("Moved ") for e in examples)  # start, bumps
+    batch = make_batch(processor, [encode_example(codec, e, "frame_only") for e in examples])
+    for r, e in enumerate(examples):
+        reported = int(batch.last_move[r])
+        if e.feedback.startswith("Moved "):
+            assert e.feedback == f"Moved {('right', 'up', 'left', 'down')[reported]}."
+        else:
+            assert reported == -100
+    probe = torch.nn.Linear(model.config.text_config.hidden_size, 4)
+    loss, metrics = sft_loss(model, batch, agent_aux=1.0, feedback_aux=0.5,
+                             feedback_probe=probe)
+    plain, plain_metrics = sft_loss(model, batch, agent_aux=1.0)
+    assert {"ce", "acc", "aux", "fb_aux"} <= set(metrics) and "fb_aux" not in plain_metrics
+    assert loss.item() == pytest.approx(plain.item() + 0.5 * metrics["fb_aux"], rel=1e-5)
+    loss.backward()  # the probe learns with the model; the action's loss is unchanged
+    assert probe.weight.grad is not None and probe.weight.grad.abs().sum() > 0
 
 
 def test_sharpen_attention_sets_only_fresh_gains(tiny_model_dir):

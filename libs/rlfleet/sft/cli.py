@@ -42,6 +42,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--agent-aux", type=float, default=0.0,
                    help="weight of an auxiliary loss at the agent cell's image token: "
                         "cross entropy against a uniform choice of the legal moves")
+    p.add_argument("--feedback-aux", type=float, default=0.0,
+                   help="weight of an auxiliary loss at the position before the action "
+                        "token: cross entropy against the move the feedback sentence "
+                        "reports, so the last move stays readable there")
     p.add_argument("--context", choices=PER_TURN_CONTEXTS, default="last_frame",
                    help="prompt format to train and evaluate (rlfleet.policy.contexts); "
                         "serve the model with the same context")
@@ -95,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
             weight_decay=args.weight_decay, grad_clip=args.grad_clip,
             short_steps=args.short_steps, context=args.context,
             qk_gain=args.qk_gain, agent_aux=args.agent_aux,
+            feedback_aux=args.feedback_aux,
             log_every=args.log_every, eval_every=args.eval_every, snapshots=args.snapshots,
             final_eval=not args.no_eval, heldout=not args.no_heldout,
             max_turns=args.max_turns,

@@ -253,6 +253,7 @@ class EncodedExample:
     target_ids: list[int]  # the action's token(s) + <|im_end|>
     agent_token: int  # index in prompt_ids of the agent cell's image token (-1: unknown)
     open_ids: list[int]  # first tokens of the moves that do not hit a wall
+    last_move: int = -1  # the move the feedback sentence reports (0-3; -1: none)
 
 
 def _first_token(codec: ChatCodec, text: str) -> int:
@@ -274,5 +275,7 @@ def encode_example(codec: ChatCodec, example: SFTExample, context: str) -> Encod
     if example.width and image.width == example.width * px_per_token:
         agent_token = (enc.token_ids.index(codec.image_pad_id)
                        + example.agent[0] * example.width + example.agent[1])
+    moved = [k for k, name in enumerate(DIRECTION_NAMES) if example.feedback == f"Moved {name}."]
+    last_move = moved[0] if moved else -1
     return EncodedExample(enc.token_ids, image, target + [codec.im_end_id], agent_token,
-                          opened)
+                          opened, last_move)

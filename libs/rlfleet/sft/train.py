@@ -70,6 +70,7 @@ class SFTConfig:
     grad_clip: float = 1.0
     qk_gain: float = 1.0  # start the LM's q/k RMSNorm gains here (a fresh base has 1.0)
     agent_aux: float = 0.0  # weight of the legal-move loss at the agent's image token
+    feedback_aux: float = 0.0  # weight of the last-move probe loss at the action position
     short_steps: int = 0  # curriculum: the first N steps use the frame_only wording
     # the prompt format trained and evaluated (rlfleet.policy.contexts): "last_frame"
     # (instruction + status + frame) or "frame_only" (feedback + frame); the rollout service
@@ -174,6 +175,7 @@ class Batch:
     labels: torch.Tensor  # (B, K): targets of the last K positions, -100 = none
     agent_pos: torch.Tensor  # (B,): the agent's image token in the padded row (-1: none)
     legal: torch.Tensor  # (B, V) float: uniform over the first tokens of the legal moves
+    last_move: torch.Tensor  # (B,): the move the feedback reports, 0-3 (-100: none)
 
 
 def make_batch(processor, examples: list[EncodedExample]) -> Batch:
@@ -186,15 +188,18 @@ def make_batch(processor, examples: list[EncodedExample]) -> Batch:
     labels = torch.full((len(examples), k), -100, dtype=torch.long)
     agent_pos = torch.full((len(examples),), -1, dtype=torch.long)
     legal = torch.zeros((len(examples), len(processor.tokenizer)))
+    last_move = torch.tensor([e.last_move if e.last_move >= 0 else -100 for e in examples],
+                             dtype=torch.long)
     for r, (e, seq) in enumerate(zip(examples, seqs, strict=True)):
         labels[r, k - len(e.target_ids):] = torch.as_tensor(e.target_ids)
         if e.agent_token >= 0 and e.open_ids:
             agent_pos[r] = width - len(seq) + e.agent_token
             legal[r, e.open_ids] = 1.0 / len(e.open_ids)
-    return Batch(inputs, labels, agent_pos, legal)
+    return Batch(inputs, labels, agent_pos, legal, last_move)
 
 
-def sft_loss(model: torch.nn.Module, batch: Batch, agent_aux: float = 0.0
+def sft_loss(model: torch.nn.Module, batch: Batch, agent_aux: float = 0.0,
+             feedback_aux: float = 0.0, feedback_probe: torch.nn.Module | None = None
              ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss and batch metrics.
 
@@ -206,6 +211,16 @@ def sft_loss(model: torch.nn.Module, batch: Batch, agent_aux: float = 0.0
     action token's; the extra term gives the vision tower a direct reason to encode the
     walls around the agent in the agent's own token, which the action token then learns
     to read (without it, SFT sits for thousands of steps at a wall-blind policy).
+
+    With ``feedback_aux > 0``, plus that weight times the cross entropy of
+    ``feedback_probe`` (a linear map of the final hidden state to the 4 moves, used in
+    training only and never saved) at the position that predicts the action, against the
+    move the feedback sentence reports ("Moved right." -> right). The oracle's answer never
+    depends on that sentence, so plain SFT learns to ignore it, and with the sharp
+    attention of ``qk_gain`` the action position's attention to it dies: RL can then no
+    longer discover a policy that uses it (not undoing the last move breaks the two-cell
+    loops of a frame-only policy). The probe keeps the last move readable where the action
+    is chosen, without saying what to do with it; the served head never sees the term.
     """
     inner = unwrap(model)
     # The decoder's hidden states, not the logits: the LM head runs only where the loss
@@ -228,6 +243,12 @@ def sft_loss(model: torch.nn.Module, batch: Batch, agent_aux: float = 0.0
         aux = -(batch.legal[has] * torch.log_softmax(at, -1)).sum(-1).mean()
         loss = loss + agent_aux * aux
         metrics["aux"] = aux.item()
+    told = batch.last_move != -100
+    if feedback_aux > 0 and feedback_probe is not None and bool(told.any()):
+        at_action = hidden[:, -labels.shape[1]:][rows, first]
+        fb = F.cross_entropy(feedback_probe(at_action[told]).float(), batch.last_move[told])
+        loss = loss + feedback_aux * fb
+        metrics["fb_aux"] = fb.item()
     return loss, metrics
 
 
@@ -252,7 +273,11 @@ def train_sft(cfg: SFTConfig, log: Callable[[str], None] = print) -> dict:
     sharpened = sharpen_attention(model, cfg.qk_gain)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # the last-move probe (feedback_aux): trained beside the model, never saved
+    probe = (torch.nn.Linear(model.config.text_config.hidden_size, 4)
+             if cfg.feedback_aux > 0 else None)
+    params = [*model.parameters(), *(probe.parameters() if probe is not None else ())]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     rng = np.random.default_rng(cfg.seed)
     stream = example_stream(cfg.size, rng, cfg.mix, max_turns=cfg.max_turns)
     cfg.out.mkdir(parents=True, exist_ok=True)
@@ -261,6 +286,7 @@ def train_sft(cfg: SFTConfig, log: Callable[[str], None] = print) -> dict:
     log(f"sft: base {base} ({n_params / 1e6:.2f} M params), {cfg.size}x{cfg.size} mazes, "
         f"lr {cfg.lr}, batch {cfg.batch}, seed {cfg.seed}, steps {cfg.steps}, "
         f"minutes {cfg.minutes}, mix {asdict(cfg.mix)}, agent aux {cfg.agent_aux}, "
+        f"feedback aux {cfg.feedback_aux}, "
         f"q/k gain {cfg.qk_gain} ({sharpened} gain vectors set)")
 
     curve: list[dict] = []
@@ -296,11 +322,11 @@ def train_sft(cfg: SFTConfig, log: Callable[[str], None] = print) -> dict:
         lr = cfg.lr_at(step)
         for g in opt.param_groups:
             g["lr"] = lr
-        loss, metrics = sft_loss(model, batch, cfg.agent_aux)
+        loss, metrics = sft_loss(model, batch, cfg.agent_aux, cfg.feedback_aux, probe)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(
-            model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+            params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         opt.step()
         dt = time.perf_counter() - t0
         train_s += dt
@@ -313,6 +339,7 @@ def train_sft(cfg: SFTConfig, log: Callable[[str], None] = print) -> dict:
         if step % cfg.log_every == 0:
             m = {key: value / win_n for key, value in window.items()}
             aux = f"  agent aux {m['aux']:.3f}" if "aux" in m else ""
+            aux += f"  feedback aux {m['fb_aux']:.3f}" if "fb_aux" in m else ""
             log(f"step {step:5d}  loss {m['loss']:.4f}  target ce {m['ce']:.4f}"
                 f"  action acc {m['acc']:.3f}{aux}  grad norm {m['gnorm']:.2f}  lr {lr:.2e}"
                 f"  {cfg.batch * win_n / win_t:.1f} ex/s"

@@ -27,8 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Serve the env contract (episodes of every registered task), the reward "
                     "contract (one reward function), or both (--role). Tasks come from rlfleet "
                     "(maze_2d, maze_2d_hard), from `rlfleet.tasks` entry points and from "
-                    "--skyrl-env; reward functions from rlfleet (task, format+task, progress) "
-                    "and from `rlfleet.rewards` entry points.")
+                    "--skyrl-env; reward functions from rlfleet (task, format+task, progress, "
+                    "novelty) and from `rlfleet.rewards` entry points.")
     add_common_args(serve, SETTINGS)
     # every flag's help is its settings field's description (EnvSettings)
     add_setting(serve, "--role", SETTINGS, choices=field_choices(SETTINGS, "role"))

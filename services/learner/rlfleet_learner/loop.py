@@ -147,7 +147,7 @@ class Learner:
                                           SyncClient(cfg.fleet.sync_address, token=token,
                                                      timeout_s=60, tls=tls),
                                           announce_retry_s=cfg.fleet.publish_retry_s)
-        self.state = State(cursor=SeedCursor(cfg.data.size))
+        self.state = State(cursor=SeedCursor(cfg.data.size, moves=cfg.data.moves_band()))
         self.no_signal = NoSignalWatch()
         self._reward_warned = False
         checkpoint = self._find_checkpoint(resume)
@@ -199,7 +199,8 @@ class Learner:
                                   "scheduler": ckpt.scheduler_state})
         cursor = ckpt.data_cursor
         self.state = State(step=ckpt.step,
-                           cursor=SeedCursor.from_dict(self.cfg.data.size, cursor),
+                           cursor=SeedCursor.from_dict(self.cfg.data.size, cursor,
+                                                         self.cfg.data.moves_band()),
                            version=int(cursor["version"]), saved_step=ckpt.step)
         restore_rng(ckpt.rng)  # last: building the trainers drew random numbers
         self._event("resumed", checkpoint=str(path), step=ckpt.step)
