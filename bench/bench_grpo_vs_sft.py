@@ -1,11 +1,12 @@
 """GRPO against SFT for the same compute, from the same start, on the same mazes.
 
-`make run` trains GRPO from the shipped SFT checkpoint. Would more SFT, for the same
-CPU time, have done as well? This bench continues the checkpoint's own SFT recipe
-(checkpoints/tiny-sft/README.md: frame_only, agent aux 1, lr 1e-3, batch 32) from that
-checkpoint for the CPU-seconds the GRPO run's steps took (their wall clock, evals not
-counted, times this machine's cores: generous to SFT, which runs on one thread here
-while GRPO's processes never keep every core busy), then plays the same 256 held-out
+`make run` trains GRPO from an SFT checkpoint (the run's model.path: the shipped
+checkpoints/tiny-sft by default). Would more SFT, for the same CPU time, have done as well?
+This bench continues that checkpoint's own SFT recipe (its sft_summary.json: context,
+agent aux, feedback aux, lr, batch) from that checkpoint for the CPU-seconds the GRPO
+run's steps took (their wall clock, evals not counted, times this machine's cores:
+generous to SFT, which runs on one thread here while GRPO's processes never keep every
+core busy), then plays the same 256 held-out
 mazes greedily. Rows: the start, SFT continued, GRPO; by shortest-path length too.
 
     python -m bench.bench_grpo_vs_sft [--run-dir runs/<id>]
@@ -33,7 +34,9 @@ from rlfleet.maze.tasks import HELDOUT_SEEDS
 from rlfleet.sft.train import SFTConfig, train_sft
 
 REPO = Path(__file__).resolve().parents[1]
-START = REPO / "checkpoints" / "tiny-sft"
+# The recipe of a checkpoint without an sft_summary.json: the shipped one's.
+DEFAULT_RECIPE = {"context": "frame_only", "agent_aux": 1.0, "feedback_aux": 0.0,
+                  "lr": 1e-3, "batch": 32}
 
 
 def newest_run(runs_root: Path) -> Path | None:
@@ -49,6 +52,16 @@ def grpo_run(run_dir: Path | None) -> Path:
         run_dir = newest_run(REPO / "runs")
         assert run_dir is not None
     return run_dir
+
+
+def start_and_recipe(summary: dict) -> tuple[Path, dict]:
+    """The GRPO run's start (its model.path, relative to the repository when not absolute)
+    and the SFT recipe that made it, so that SFT continues the way the start was made."""
+    start = Path(summary["config"]["model"]["path"])
+    start = start if start.is_absolute() else REPO / start
+    made = start / "sft_summary.json"
+    config = json.loads(made.read_text()).get("config", {}) if made.is_file() else {}
+    return start, {key: config.get(key, value) for key, value in DEFAULT_RECIPE.items()}
 
 
 def sft_band_rates(result: dict, size: int) -> dict[str, float]:
@@ -73,15 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"GRPO run {run_dir.name}: {len(steps)} steps in {step_wall_s / 60:.1f} wall min "
           f"on {cores} cores; SFT continues for {budget_min:.1f} min on one thread",
           flush=True)
+    start, recipe = start_and_recipe(summary)
+    print(f"SFT continues from {start} with {recipe}", flush=True)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         sft = train_sft(SFTConfig(
-            out=Path(tmp) / "sft", base=START, size=size, minutes=budget_min,
-            context="frame_only", agent_aux=1.0, lr=1e-3, batch=32, seed=1,
-            log_every=50, heldout=True), log=lambda line: print(line, flush=True))
+            out=Path(tmp) / "sft", base=start, size=size, minutes=budget_min, seed=1,
+            log_every=50, heldout=True, **recipe), log=lambda line: print(line, flush=True))
     before, after = summary["before"], summary["after"]
     rows = [
-        {"case": "start (shipped SFT)", "heldout_solve": before["heldout"]["solve_rate"],
+        {"case": f"start ({start.name})", "heldout_solve": before["heldout"]["solve_rate"],
          **{key: before.get(f"heldout_{key}", {}).get("solve_rate") for key, *_ in BANDS}},
         {"case": f"SFT +{budget_min:.1f} CPU-min", "heldout_solve":
             sft["heldout256"]["solve_rate"], **sft_band_rates(sft["heldout256"], size)},
@@ -96,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"GRPO leads equal-compute SFT by {lead:+.1f} points on the 256 held-out mazes")
     write_results("bench_grpo_vs_sft", rows, value_key="heldout_solve", unit="solve rate",
                   title="held-out greedy solve: GRPO vs SFT for the same CPU time",
-                  meta={"grpo_run": str(run_dir), "step_wall_s": round(step_wall_s, 1),
+                  meta={"grpo_run": str(run_dir), "start": str(start), "sft_recipe": recipe,
+                        "step_wall_s": round(step_wall_s, 1),
                         "cores": cores, "sft_minutes": round(budget_min, 2),
                         "sft_steps": sft["steps"], "grpo_lead_points": round(lead, 1)})
     return 0

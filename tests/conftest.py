@@ -70,6 +70,31 @@ def no_process_left_behind() -> Iterator[None]:
     leaks.assert_none_left(grace_s=scaled(10))
 
 
+FORKSERVER_SWITCH = "RLFLEET_TEST_FORKSERVER"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def forkserver(no_process_left_behind: None,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One fork server per worker (rlfleet.local.forkserver): the services and learners
+    the suite's ProcessGroups start fork from a process that has imported torch and
+    transformers once, instead of each importing them (~9 CPU-s a process, over a hundred
+    processes). RLFLEET_TEST_FORKSERVER=0 starts every process plainly. Not in the vLLM
+    venv's own pytest (tests/vllm), which starts no rlfleet processes."""
+    if os.environ.get(FORKSERVER_SWITCH, "1") == "0" or importlib.util.find_spec("vllm"):
+        yield
+        return
+    from rlfleet.local.forkserver import FORKSERVER_ENV, ForkServer
+
+    root = tmp_path_factory.mktemp("forkserver")
+    server = ForkServer.start(root / "server.sock", root / "server.log",
+                              timeout_s=scaled(180))
+    os.environ[FORKSERVER_ENV] = str(server.socket_path)
+    yield
+    os.environ.pop(FORKSERVER_ENV, None)
+    server.close()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def vllm_sockets_in_the_session_temp(tmp_path_factory: pytest.TempPathFactory) -> None:
     """vLLM names its engine's ZMQ IPC sockets by uuid under VLLM_RPC_BASE_PATH (default

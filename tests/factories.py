@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 from safetensors.torch import save
 
+from rlfleet.local.forkserver import ForkedProcess, popen
 from rlfleet.storage import AdapterManifest, RunsRoot, publish_adapter_dir
 
 if TYPE_CHECKING:  # (imported where used: transformers is slow to import)
@@ -162,12 +163,9 @@ HOT_SHORT_EPISODES = {"groups_per_step": 2, "group_size": 4, "max_turns": 4,
                       "temperature": 3.0}
 
 
-def learner_process(config: Path, resume: str = "auto") -> subprocess.Popen:
+def learner_process(config: Path, resume: str = "auto") -> subprocess.Popen | ForkedProcess:
     """`rlfleet learner run --config CONFIG --resume RESUME` at WARNING, as the chart runs
     it on every retry, in a process group of its own (a test may SIGKILL it whole, Ray
     included); output captured as text."""
-    return subprocess.Popen([sys.executable, "-m", "rlfleet.cli", "learner", "run",
-                             "--config", str(config), "--resume", resume,
-                             "--log-level", "WARNING"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    return popen([sys.executable, "-m", "rlfleet.cli", "learner", "run",
+                  "--config", str(config), "--resume", resume, "--log-level", "WARNING"])

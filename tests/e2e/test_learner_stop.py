@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rlfleet.local.forkserver import ForkedProcess, popen
 from rlfleet.local.metrics_jsonl import read_events
 from rlfleet.local.stack import LocalStack, start_stack
 from rlfleet.maze.tasks import train_seeds
@@ -38,10 +39,9 @@ def config(stack: LocalStack, tmp_path: Path, run: str, group_size: int = 8,
                           checkpoint={"every": 1000}, ray={"num_workers": 1})
 
 
-def start_learner(path: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rlfleet.cli", "learner", "run",
-                             "--config", str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+def start_learner(path: Path) -> subprocess.Popen | ForkedProcess:
+    return popen([sys.executable, "-m", "rlfleet.cli", "learner", "run", "--config",
+                  str(path)])
 
 
 def wait_for(events_path: Path, predicate, timeout_s: float = 300) -> list[dict]:  # noqa: ANN001

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from rlfleet.local.forkserver import popen
 from rlfleet.local.metrics_jsonl import read_events
 from rlfleet.local.stack import LocalStack, start_stack
 from tests.factories import NO_EVAL, REPO, SFT, learner_config
@@ -53,11 +54,8 @@ def test_the_learner_records_the_new_reward_from_the_next_step(tmp_path: Path,
                         group=procs, log=lambda *_: None)
     run = "swap-learner"
     metrics = stack.runs_root / run / "metrics.jsonl"
-    learner = subprocess.Popen(
-        [sys.executable, "-m", "rlfleet.cli", "learner", "run", "--config",
-         str(config(stack, tmp_path, run))],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env={**os.environ, **stack.service_env})
+    learner = popen([sys.executable, "-m", "rlfleet.cli", "learner", "run", "--config",
+                     str(config(stack, tmp_path, run))], env={**os.environ, **stack.service_env})
     try:
         env_pid = stack.env.popen.pid
         before = wait_for_steps(metrics, 1, learner)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from rlfleet.local.forkserver import popen
 from rlfleet.local.metrics_jsonl import read_events
 from rlfleet.local.stack import start_stack
 from tests.factories import NO_EVAL, SFT, learner_config
@@ -40,10 +40,8 @@ def test_the_learner_trains_on_a_skyrl_gym_environment(tmp_path: Path, procs) ->
                           data={"task": "skyrl:gsm8k_multi_turn", "context": "full",
                                 "max_turns": 2, "groups_per_step": 2, "group_size": 4},
                           checkpoint={"every": 1000}, ray={"num_workers": 1})
-    learner = subprocess.Popen([sys.executable, "-m", "rlfleet.cli", "learner", "run",
-                                "--config", str(path)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                               env={**os.environ, **stack.service_env})
+    learner = popen([sys.executable, "-m", "rlfleet.cli", "learner", "run", "--config",
+                     str(path)], env={**os.environ, **stack.service_env})
     try:
         out, _ = learner.communicate(timeout=1200)
     finally:

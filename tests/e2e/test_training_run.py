@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlfleet.fleet import ReplicaDirectory, connect
+from rlfleet.local.forkserver import ForkedProcess, popen
 from rlfleet.local.procs import ProcessGroup
 from rlfleet.local.stack import LocalStack, start_stack
 from rlfleet.storage import RunsRoot, latest_complete_checkpoint, list_versions
@@ -53,10 +54,9 @@ def learner_config(stack: LocalStack, tmp_path: Path, run: str, model_dir: Path,
                                     **{"steps": 3, **SHORT_RUN, **over})
 
 
-def learner(config: Path, *extra: str, **kw) -> subprocess.Popen:  # noqa: ANN003
-    return subprocess.Popen([sys.executable, "-m", "rlfleet.cli", "learner", "run",
-                             "--config", str(config), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+def learner(config: Path, *extra: str) -> subprocess.Popen | ForkedProcess:
+    return popen([sys.executable, "-m", "rlfleet.cli", "learner", "run", "--config",
+                  str(config), *extra])
 
 
 def test_a_short_training_run(stack: LocalStack, tmp_path: Path) -> None:

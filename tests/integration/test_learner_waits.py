@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import sys
 import threading
 import time
@@ -17,11 +16,13 @@ import yaml
 
 from rlfleet.clients.rollout_pool import RolloutPool
 from rlfleet.fleet import ReplicaDirectory, ReplicaInfo, connect
+from rlfleet.local.forkserver import popen
 from rlfleet.logs import COMMON_KEYS
 from rlfleet.v1 import common_pb2, rollout_pb2
 from rlfleet_learner.feed import GroupFeed
 from rlfleet_learner.reporting import replica_state
 from tests.factories import REPO, SFT
+from tests.waits import scaled
 
 RUN = "waits"
 
@@ -38,11 +39,12 @@ def test_a_learner_with_no_replica_logs_what_it_waits_for(
     cfg["ray"].update(num_workers=1)
     path = tmp_path / "learner.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.run([sys.executable, "-m", "rlfleet.cli", "learner", "run", "--config",
-                           str(path)], capture_output=True, text=True, timeout=600)
+    proc = popen([sys.executable, "-m", "rlfleet.cli", "learner", "run", "--config",
+                  str(path)])
+    out, _ = proc.communicate(timeout=scaled(600))
     # no replica ever came: the capacity check fails, with one clear line
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert proc.returncode == 2, out[-3000:]
+    lines = [line for line in out.splitlines() if line.strip()]
     docs = []
     for line in lines:
         try:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import subprocess
 import sys
 import threading
 import time
@@ -29,6 +28,7 @@ import yaml
 
 from rlfleet.clients.rollout_pool import RolloutPool
 from rlfleet.fleet import FleetAuthError, ReplicaDirectory, connect
+from rlfleet.local.forkserver import popen
 from rlfleet.local.procs import free_port
 from rlfleet.rpc.health import check
 from rlfleet.v1 import common_pb2, sync_pb2
@@ -42,6 +42,7 @@ from tests.reliability.conftest import (
     metric_value,
     wait_until,
 )
+from tests.waits import scaled
 
 HEARTBEAT_TTL_S = 3.0  # conftest's replicas: --heartbeat-ttl-s 3
 
@@ -167,10 +168,9 @@ def test_wrong_redis_password_on_the_learner_fails_once_and_clearly(fleet: Fleet
         "fleet": {"redis_url": url, "sync_address": f"127.0.0.1:{free_port()}",
                   "runs_root": str(fleet.root.root)},
         "ray": {"object_store_mb": 128}}))
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlfleet.cli", "learner", "run", "--config", str(config)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, **wrong})
-    out = proc.stdout + proc.stderr
+    proc = popen([sys.executable, "-m", "rlfleet.cli", "learner", "run", "--config",
+                  str(config)], env={**os.environ, **wrong})
+    out, _ = proc.communicate(timeout=scaled(300))
     assert proc.returncode == 2, out
     assert out.count("Redis refused the credentials") == 1, out
     assert "REDIS_PASSWORD" in out

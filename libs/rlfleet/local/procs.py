@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from rlfleet.local.forkserver import ForkedProcess, popen
 from rlfleet.logs import DUMP_STACKS_SIGNAL
 from rlfleet.rpc.health import check
 
@@ -80,7 +81,7 @@ def free_port() -> int:
 @dataclass
 class Proc:
     name: str
-    popen: subprocess.Popen
+    popen: subprocess.Popen | ForkedProcess
     log_path: Path
     address: str | None = None
     extra: dict = field(default_factory=dict)
@@ -123,17 +124,12 @@ class ProcessGroup:
         cwd: Path | None = None,
     ) -> Proc:
         log_path = self.log_dir / f"{name}.log"
-        log = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
-        popen = subprocess.Popen(
-            list(argv),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-            cwd=cwd,
-            start_new_session=True,  # our Ctrl-C is handled by us, not delivered twice
-        )
-        log.close()
-        proc = Proc(name, popen, log_path, address)
+        # a session of its own (forkserver.popen): our Ctrl-C is handled by us, not
+        # delivered twice
+        with open(log_path, "ab") as log:
+            child = popen(argv, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                          cwd=cwd, output=log.fileno())
+        proc = Proc(name, child, log_path, address)
         self.procs.append(proc)
         return proc
 

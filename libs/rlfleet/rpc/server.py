@@ -209,7 +209,13 @@ class GrpcServer:
         log.info("stopped", extra={"address": self.address})
 
     def wait(self) -> None:
-        self._stopped.wait()
+        # In slices, not one blocking wait: Python runs a signal's handler in the main
+        # thread only, and a SIGTERM the kernel hands to another thread (it may, when the
+        # main thread already has a signal pending) sets a flag that a main thread blocked
+        # on a lock never sees; a service then ignored its SIGTERM until killed (seen in
+        # tests/integration/test_json_logs.py).
+        while not self._stopped.wait(0.5):
+            pass
 
     def install_signal_handlers(self, on_stop: Callable[[], None] | None = None) -> None:
         """SIGTERM/SIGINT drain the server (in a thread: signal handlers must return fast)."""
