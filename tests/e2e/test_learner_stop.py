@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from rlfleet.local.stack import LocalStack, start_stack
 from rlfleet.maze.tasks import train_seeds
 from rlfleet.storage import RunsRoot, latest_complete_checkpoint, list_versions, load_checkpoint
 from tests.factories import NO_EVAL, SFT, learner_config
+from tests.waits import scaled, wait_until
 
 
 @pytest.fixture
@@ -45,18 +47,27 @@ def start_learner(path: Path) -> subprocess.Popen | ForkedProcess:
 
 
 def wait_for(events_path: Path, predicate, timeout_s: float = 300) -> list[dict]:  # noqa: ANN001
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         events = read_events(events_path) if events_path.exists() else []
         if predicate(events):
             return events
         time.sleep(0.1)
-    raise AssertionError(f"no such events in {events_path} after {timeout_s}s")
+    raise AssertionError(f"no such events in {events_path} after {scaled(timeout_s):.0f}s")
+
+
+def tokens_generated(stack: LocalStack) -> float:
+    """The stack's one replica's generated-token count (its Prometheus counter)."""
+    with urllib.request.urlopen(stack.replicas[0].extra["metrics_url"], timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("rlfleet_rollout_tokens_total "):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def session_gone(pgid: int, timeout_s: float = 30) -> bool:
     """Every process of the learner's session (its Ray workers and agents too) exited."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         try:
             os.killpg(pgid, 0)
@@ -71,15 +82,15 @@ def test_sigterm_while_waiting_for_rollouts_abandons_the_step(stack: LocalStack,
     run = stack.run  # the replica plays for this run only
     metrics = stack.runs_root / run / "metrics.jsonl"
     proc = start_learner(config(stack, tmp_path, run))
-    # the initial version is live: the first step's rollouts are under way
+    # the first step's rollouts are under way: the replica generates for them (the
+    # initial version's publication alone is not enough: on a busy machine the learner
+    # may still be waiting for the replicas to load it, a stop before the step begins)
     wait_for(metrics, lambda ev: any(e["event"] == "start" for e in ev))
     root = RunsRoot(stack.runs_root)
-    deadline = time.monotonic() + 120
-    while not list_versions(root, run) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(1.0)
+    wait_until("the replica generating the first step's rollouts",
+               lambda: tokens_generated(stack) > 0, timeout_s=300, period_s=0.2)
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=300)
+    out, _ = proc.communicate(timeout=scaled(300))
     assert proc.returncode == 143, out
     events = read_events(metrics)
     kinds = [e["event"] for e in events]
@@ -101,7 +112,7 @@ def test_sigterm_after_a_step_checkpoints_it_and_resumes_there(stack: LocalStack
     proc = start_learner(path)
     wait_for(metrics, lambda ev: any(e["event"] == "step" for e in ev), timeout_s=600)
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=300)
+    out, _ = proc.communicate(timeout=scaled(300))
     assert proc.returncode == 143, out
     events = read_events(metrics)
     steps = [e["step"] for e in events if e["event"] == "step"]

@@ -112,6 +112,22 @@ def test_another_interpreter_is_started_plainly(
                             out.fileno()) is None
 
 
+def test_settings_read_after_start_do_not_stop_the_server(
+        server: ForkServer, tmp_path: Path) -> None:
+    """ray.init sets PYTHONBREAKPOINT in its driver, the pytest worker where a test runs
+    Ray in-process: every later child of that worker must still fork, and see it."""
+    (tmp_path / "bp_mod.py").write_text(
+        "import os, sys\nprint('hook', os.environ['PYTHONBREAKPOINT'])\n"
+        "print('torch preloaded', 'torch' in sys.modules)\n")
+    with open(tmp_path / "out", "wb") as out:
+        child = server.spawn([sys.executable, "-m", "bp_mod"],
+                             {**os.environ, "PYTHONBREAKPOINT": "ray.util.rpdb.set_trace"},
+                             tmp_path, out.fileno())
+    assert isinstance(child, ForkedProcess) and child.wait(scaled(60)) == 0
+    out = (tmp_path / "out").read_text()
+    assert "hook ray.util.rpdb.set_trace" in out and "torch preloaded True" in out
+
+
 def test_a_process_group_serves_a_service_from_the_server(
         server: ForkServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FORKSERVER_ENV, str(server.socket_path))

@@ -115,6 +115,7 @@ def _serve(path: str) -> _Spawn | None:
             continue
         refusal = _refusal(spawn)
         if refusal:  # not a process this one can become: the caller starts it itself
+            print(f"refused {spawn.argv[1:4]}: {refusal}", file=sys.stderr, flush=True)
             os.close(spawn.output)
             conn.sendall(json.dumps({"refused": refusal}).encode() + b"\n")
             conn.close()
@@ -139,19 +140,28 @@ def _serve(path: str) -> _Spawn | None:
     return None
 
 
+# PYTHON* variables a forked child still honours: PYTHONPATH (applied in _become),
+# PYTHONUNBUFFERED (the server's own), PYTHONBREAKPOINT (sys.breakpointhook reads it at
+# every breakpoint() call). Ray's ray.init sets PYTHONBREAKPOINT in its driver, so a test
+# that ran Ray in the pytest worker must not turn the server off for the rest of the run.
+_READ_AFTER_START = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONBREAKPOINT"})
+
+
 def _interpreter_settings(env: dict[str, str]) -> dict[str, str]:
     """The environment the interpreter reads once, at its start (PYTHONHASHSEED,
-    PYTHONWARNINGS, ...); PYTHONPATH aside, which a child can still apply (_become)."""
+    PYTHONWARNINGS, ...)."""
     return {k: v for k, v in env.items()
-            if k.startswith("PYTHON") and k not in ("PYTHONPATH", "PYTHONUNBUFFERED")}
+            if k.startswith("PYTHON") and k not in _READ_AFTER_START}
 
 
 def _refusal(spawn: _Spawn) -> str:
     """Why this server cannot start `spawn` as `python -m` would; empty when it can."""
     if spawn.argv[0] != sys.executable:
         return f"another interpreter than {sys.executable}"
-    if _interpreter_settings(spawn.env) != _interpreter_settings(_STARTUP_ENV):
-        return "other interpreter start-up settings (PYTHON*)"
+    ours, theirs = _interpreter_settings(_STARTUP_ENV), _interpreter_settings(spawn.env)
+    if theirs != ours:
+        differ = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+        return f"other interpreter start-up settings ({', '.join(differ)})"
     return ""
 
 
