@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from rlfleet.local.stack import LocalStack, start_stack
 from rlfleet.maze.tasks import train_seeds
 from rlfleet.storage import RunsRoot, latest_complete_checkpoint, list_versions, load_checkpoint
 from tests.factories import NO_EVAL, SFT, learner_config
+from tests.reliability.conftest import metric_value
 from tests.waits import scaled, wait_until
 
 
@@ -58,11 +59,8 @@ def wait_for(events_path: Path, predicate, timeout_s: float = 300) -> list[dict]
 
 def tokens_generated(stack: LocalStack) -> float:
     """The stack's one replica's generated-token count (its Prometheus counter)."""
-    with urllib.request.urlopen(stack.replicas[0].extra["metrics_url"], timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith("rlfleet_rollout_tokens_total "):
-                return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    port = urllib.parse.urlsplit(stack.replicas[0].extra["metrics_url"]).port
+    return metric_value(port, "rlfleet_rollout_tokens_total")
 
 
 def session_gone(pgid: int, timeout_s: float = 30) -> bool:
