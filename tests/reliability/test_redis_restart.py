@@ -35,14 +35,16 @@ class VersionWatch:
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._store = AdapterDirectory(connect(fleet.redis_url))
 
+    def _sample_replicas(self) -> None:
+        for name, proc in self.fleet.replicas.items():
+            try:
+                self.seen.setdefault(name, []).append(self.fleet.status(proc).adapter.version)
+            except grpc.RpcError:
+                pass
+
     def _loop(self) -> None:
         while not self._stop.wait(0.1):
-            for name, proc in self.fleet.replicas.items():
-                try:
-                    self.seen.setdefault(name, []).append(
-                        self.fleet.status(proc).adapter.version)
-                except grpc.RpcError:
-                    pass
+            self._sample_replicas()
             try:
                 latest = self._store.latest(self.fleet.run)
             except Exception:  # noqa: BLE001 - Redis is down on purpose
@@ -57,6 +59,9 @@ class VersionWatch:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        # a last sample: the loop may have been inside a slow call (Redis' reconnect
+        # retries) when a replica went live on the newest version
+        self._sample_replicas()
 
 
 @pytest.mark.slow
