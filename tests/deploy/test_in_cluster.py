@@ -159,14 +159,23 @@ class Phases:
         self.path.write_text(json.dumps(self.seconds, indent=1))
 
 
-def host_state() -> dict[str, object]:
-    """What a cluster could leave behind on the host."""
+def mount_points(others: Path, own: Path) -> list[str]:
+    """The host's mount points, less those of tests on other xdist workers (under `others`,
+    the session's temp root, but not under `own`, this worker's): the disk-full test mounts
+    a small tmpfs in its temp dir and may hold it while the cluster goes down."""
+    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return sorted(p for p in points
+                  if not (Path(p).is_relative_to(others) and not Path(p).is_relative_to(own)))
+
+
+def host_state(own_temp: Path) -> dict[str, object]:
+    """What a cluster could leave behind on the host (`own_temp`: this worker's temp root)."""
     sysctls = {k: Path(f"/proc/sys/{k}").read_text().strip()
                for k in ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops",
                          "net/ipv4/ip_forward")}
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    mounts = Path("/proc/self/mountinfo").read_text().count("\n")
+    mounts = mount_points(own_temp.parent, own_temp)
     cgroups = sorted(str(p) for p in Path("/sys/fs/cgroup").glob("*/kubepods"))
     return {"sysctls": sysctls, "links": sorted(re.findall(r"^\d+: ([^:@]+)", links, re.M)),
             "netns": netns.strip(), "mounts": mounts, "cgroups": cgroups}
@@ -174,7 +183,7 @@ def host_state() -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def fleet(k8s_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    before = host_state()
+    before = host_state(tmp_path_factory.getbasetemp())
     state = tmp_path_factory.mktemp("cluster")
     phases = Phases(tmp_path_factory.getbasetemp() / "cluster-phases.json")
     env = {**os.environ, "KUBECONFIG": str(state / "kubeconfig")}
@@ -221,7 +230,7 @@ def fleet(k8s_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[F
             shutil.copy(record, tmp_path_factory.getbasetemp() / "cluster-metrics.jsonl")
         _run(["bash", str(SCRIPTS / "cluster.sh"), "down", "--dir", str(state)], check=False,
              timeout=300)
-        after = host_state()
+        after = host_state(tmp_path_factory.getbasetemp())
         assert after == before, f"the cluster left the host changed:\n{before}\n{after}"
         # Nothing of the cluster runs on (its components all name the state folder; the
         # pods' processes would sit in the kubepods cgroups, checked above).
@@ -378,10 +387,23 @@ def test_grpo_run_scale_and_reward_swap_in_the_cluster(fleet: Fleet) -> None:
     published = [p.name for p in adapters.iterdir() if p.name.startswith("v")]
     assert published, "no adapter version published"
 
-    # Scale out: the new replicas load the live adapter before they turn Ready.
+    # Scale out, then at once swap the reward service with helm upgrade while the learner
+    # keeps running. The upgrade goes in before the new replicas are Ready, not after: it
+    # must land while steps remain however slowly pods start on a loaded machine (once it
+    # has, no step can finish without the new service). It also shows that a later upgrade
+    # keeps the replica count `rlfleet scale` set.
     version_at_scale = fleet.steps()[-1]["version"]
     _run([str(RLFLEET), "scale", "rollout", "--replicas", "3",
           "--release", RELEASE, "--namespace", "default"], env=fleet.env)
+    step_at_swap = len(fleet.steps())
+    _run(["make", "-s", "deploy", "VALUES=deploy/helm/rlfleet/values-local.yaml",
+          f"RELEASE={RELEASE}", "NAMESPACE=default",
+          f"HELM_ARGS=--set shared.hostPath={fleet.shared} --set run={RUN} "
+          f"--set learner.config.steps={STEPS} --set rollout.replicas=2 "
+          "--set reward.selected=path-efficiency"],
+         env=fleet.env, timeout=300)
+
+    # The new replicas load the live adapter before they turn Ready ...
     ready = wait_for(lambda: len(r := fleet.ready_pods("rollout")) == 3 and r, 600,
                      "3 Ready rollout replicas", fleet.diagnose)
     for pod in ready:
@@ -397,14 +419,6 @@ def test_grpo_run_scale_and_reward_swap_in_the_cluster(fleet: Fleet) -> None:
                      "3 replicas acknowledged by ckpt-sync")
     assert min(acked.values()) >= version_at_scale, acked
 
-    # Swap the reward service with helm upgrade while the learner keeps running.
-    step_at_swap = len(fleet.steps())
-    _run(["make", "-s", "deploy", "VALUES=deploy/helm/rlfleet/values-local.yaml",
-          f"RELEASE={RELEASE}", "NAMESPACE=default",
-          f"HELM_ARGS=--set shared.hostPath={fleet.shared} --set run={RUN} "
-          f"--set learner.config.steps={STEPS} --set rollout.replicas=2 "
-          "--set reward.selected=path-efficiency"],
-         env=fleet.env, timeout=300)
     swapped = wait_for(
         lambda: [s for s in fleet.steps() if s["reward_name"] == "path-efficiency"], 600,
         "a step scored by the path-efficiency reward service", fleet.diagnose)
