@@ -53,7 +53,7 @@ run: setup
 
 # The suite on one pytest-xdist worker more than there are cores: much of a test's time is
 # spent waiting (services starting, heartbeats expiring, pods), and the extra worker fills
-# it (README: 10-13% less wall clock on two machines). Tests that must share one worker say
+# it (README: 10-14% less wall clock on two machines). Tests that must share one worker say
 # so with xdist_group marks (--dist loadgroup). TEST_WORKERS=1 runs it serially;
 # RLFLEET_TEST_WAIT_SCALE=2 doubles every deadline on a busy machine (README).
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
