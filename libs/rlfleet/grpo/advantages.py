@@ -125,6 +125,22 @@ def group_normalized_advantages(
     )
 
 
+def returns_to_go(turn_rewards: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    """Each turn's reward plus every later one of its episode."""
+    return np.cumsum(np.asarray(turn_rewards, dtype=np.float64)[::-1])[::-1]
+
+
+def episode_return_scale(rtg: Sequence[npt.NDArray[np.float64]], *, std_normalize: bool,
+                         eps: float) -> float:
+    """What per-turn advantages are divided by: the sample std of the group's episode
+    returns (each episode's first return-to-go) + eps, as ``grpo``; 1 when not
+    ``std_normalize`` or when the returns are all equal (no division by zero)."""
+    returns = np.array([g[0] if len(g) else 0.0 for g in rtg])
+    if std_normalize and len(returns) > 1 and returns.std(ddof=1) > 0:
+        return float(returns.std(ddof=1) + eps)
+    return 1.0
+
+
 def turn_advantages(turn_rewards: Sequence[npt.ArrayLike], *, std_normalize: bool,
                     eps: float) -> list[npt.NDArray[np.float64]]:
     """Per-turn credit for one group: each turn's advantage is its return-to-go (its own
@@ -135,17 +151,46 @@ def turn_advantages(turn_rewards: Sequence[npt.ArrayLike], *, std_normalize: boo
     So a good move in an episode that failed later still earns credit for what it closed,
     where the episode's single reward would blame it with the rest. A turn that only one
     episode reached has no baseline and gets 0. Hand-computed in the tests."""
-    rtg = [np.cumsum(np.asarray(r, dtype=np.float64)[::-1])[::-1] for r in turn_rewards]
+    rtg = [returns_to_go(r) for r in turn_rewards]
     longest = max((len(g) for g in rtg), default=0)
     alive = [[g[t] for g in rtg if len(g) > t] for t in range(longest)]
     baseline = np.array([np.mean(v) if len(v) > 1 else np.nan for v in alive])
-    returns = np.array([g[0] if len(g) else 0.0 for g in rtg])
-    scale = 1.0
-    if std_normalize and len(returns) > 1 and returns.std(ddof=1) > 0:
-        scale = returns.std(ddof=1) + eps
+    scale = episode_return_scale(rtg, std_normalize=std_normalize, eps=eps)
     out = []
     for g in rtg:
         b = baseline[: len(g)]
+        out.append(np.where(np.isnan(b), 0.0, (g - np.nan_to_num(b)) / scale))
+    return out
+
+
+def state_advantages(turn_returns: Sequence[npt.ArrayLike],
+                     states: Sequence[Sequence[Hashable]], *, std_normalize: bool,
+                     eps: float) -> list[npt.NDArray[np.float64]]:
+    """Per-state credit for one group: each turn's return-to-go (``turn_returns``) minus
+    the mean return-to-go of every turn of the group played from the same state
+    (``states``: one key per turn, e.g. the prompt the policy saw); divided by the std of
+    the group's episode returns (`episode_return_scale`) when ``std_normalize``. A state
+    played from once has no baseline and gets 0.
+
+    Why: with a per-turn context a prompt is a function of the state, so the turns of a
+    group that saw the same prompt are one decision sampled several times, and their
+    returns tell which action was better there, free of what the episodes did elsewhere.
+    (An episode's one advantage blames a good move with the loop that came after it;
+    per-turn credit compares turns that share only a turn number.) Hand-computed in the
+    tests."""
+    rtg = [np.asarray(g, dtype=np.float64) for g in turn_returns]
+    if [len(g) for g in rtg] != [len(s) for s in states]:
+        raise ValueError("one state key per turn: got returns-to-go of lengths "
+                         f"{[len(g) for g in rtg]} and state keys of {[len(s) for s in states]}")
+    visits: dict[Hashable, list[float]] = {}
+    for g, keys in zip(rtg, states, strict=True):
+        for value, key in zip(g, keys, strict=True):
+            visits.setdefault(key, []).append(float(value))
+    baseline = {key: (np.mean(v) if len(v) > 1 else np.nan) for key, v in visits.items()}
+    scale = episode_return_scale(rtg, std_normalize=std_normalize, eps=eps)
+    out = []
+    for g, keys in zip(rtg, states, strict=True):
+        b = np.array([baseline[k] for k in keys], dtype=np.float64)
         out.append(np.where(np.isnan(b), 0.0, (g - np.nan_to_num(b)) / scale))
     return out
 

@@ -53,12 +53,15 @@ class GRPOConfig(ClosedModel):
     temperature: float = Field(
         1.0, description="the sampling temperature; logits are divided by it before the "
         "learner's logprobs, so that the importance ratio compares like with like")
-    credit: Literal["episode", "turn"] = Field(
+    credit: Literal["episode", "turn", "state"] = Field(
         "episode", description="episode: every turn of a trajectory trains on its one "
         "advantage; turn: each turn trains on its return-to-go against the group's at the "
         "same turn (per-turn credit, rlfleet.grpo.advantages.turn_advantages), from the "
         "reward's split over the turns (a reward without one, e.g. task, is refused at the "
-        "first step); for the per-turn contexts")
+        "first step); state: each turn's return-to-go against that of the group's turns "
+        "played from the same prompt (rlfleet.grpo.advantages.state_advantages; the "
+        "episode's reward for every turn where the reward gives no split), a prompt seen "
+        "once trains on nothing; turn and state are for the per-turn contexts")
 
     @field_validator(*_REALS, mode="before")
     @classmethod

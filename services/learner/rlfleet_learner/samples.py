@@ -17,7 +17,12 @@ from dataclasses import replace
 import numpy as np
 
 from rlfleet.grpo import BatchStats, GRPOConfig, NonFiniteRewards, TrainSample, prepare_batch
-from rlfleet.grpo.advantages import group_indices, turn_advantages
+from rlfleet.grpo.advantages import (
+    group_indices,
+    returns_to_go,
+    state_advantages,
+    turn_advantages,
+)
 from rlfleet.v1 import rollout_pb2
 
 
@@ -104,6 +109,41 @@ def turn_credit(kept: Sequence[TrainSample], cfg: GRPOConfig) -> dict[Hashable, 
     return out
 
 
+def segment_prompts(t: rollout_pb2.Trajectory) -> list[Hashable]:
+    """One key per segment (turn): the tokens before its first answer token and the
+    frames among them, equal for turns that saw the same prompt."""
+    bounds = [*(t.segment_starts or [0]), len(t.token_ids)]
+    keys: list[Hashable] = []
+    for start, end in zip(bounds, bounds[1:], strict=False):
+        answer = next((i for i in range(start, end) if t.loss_mask[i]), end)
+        frames = tuple(img.sha256 for img, off in zip(t.images, t.image_token_offsets,
+                                                       strict=False) if start <= off < answer)
+        keys.append((tuple(t.token_ids[start:answer]), frames))
+    return keys
+
+
+def state_credit(kept: Sequence[TrainSample], cfg: GRPOConfig) -> dict[Hashable, list[float]]:
+    """Per-state advantages (grpo.credit "state") of the kept samples, by sequence key:
+    one per segment, each turn's return-to-go against the group's turns from the same
+    prompt; the return-to-go from the reward's split over the turns where it gives one,
+    else the episode's reward at every turn (e.g. task: whether the episode went on to
+    solve)."""
+    out: dict[Hashable, list[float]] = {}
+    for positions in group_indices([sample.group_id for sample in kept]).values():
+        members = [kept[i] for i in positions]
+        returns, states = [], []
+        for sample in members:
+            t: rollout_pb2.Trajectory = sample.extras["trajectory"]
+            keys = segment_prompts(t)
+            split = len(t.turn_rewards) == len(keys)
+            returns.append(returns_to_go(t.turn_rewards) if split else [t.reward] * len(keys))
+            states.append(keys)
+        for sample, advantages in zip(members, state_advantages(
+                returns, states, std_normalize=cfg.std_normalize, eps=cfg.eps), strict=True):
+            out[sample.sequence_key] = advantages.tolist()
+    return out
+
+
 def generated_vision_tokens(t: rollout_pb2.Trajectory, vision_ids: set[int]) -> bool:
     """An engine that sampled a vision placeholder made an unscoreable sequence; such a
     trajectory is dropped (engines ban them; see rlfleet.engines.base)."""
@@ -137,7 +177,8 @@ def build_rows(
     samples = [trajectory_sample(t, key) for key, trajectories in groups for t in trajectories
                if sum(t.loss_mask) > 0 and not generated_vision_tokens(t, vision_ids)]
     kept, stats = prepare_batch(samples, current_version, cfg)
-    per_turn = turn_credit(kept, cfg) if cfg.credit == "turn" else {}
+    credit = {"turn": turn_credit, "state": state_credit}.get(cfg.credit)
+    per_turn = credit(kept, cfg) if credit else {}
     rows = [row for sample in kept
             for row in segment_rows(sample, per_turn.get(sample.sequence_key))]
     return rows, stats, sum(1 for s in kept if s.advantage)
