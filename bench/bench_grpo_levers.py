@@ -39,6 +39,7 @@ CASES: dict[str, dict] = {
     "dynamic-sampling": {"data": {"max_groups_per_step": 24}},
     "progress-reward": {"reward": "progress"},
     "per-turn-credit": {"reward": "progress", "grpo": {"credit": "turn"}},
+    "per-state-credit": {"grpo": {"credit": "state"}},
     "no-turn-margin": {"data": {"turn_margin": 0}},
     "32-groups-per-step": {"data": {"groups_per_step": 32}, "steps": 20},
 }

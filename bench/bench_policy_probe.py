@@ -1,11 +1,13 @@
-"""Why the tiny policy stops near 50%: its moves state by state, beside two hand-written
-policies that see what it sees (rlfleet.maze.heuristics, rlfleet.sft.probe).
+"""Why a frame-only policy stops near 50% or gets past it: its moves state by state,
+beside two hand-written policies that see what it sees (rlfleet.maze.heuristics,
+rlfleet.sft.probe).
 
 Rows: greedy (the frame only) and no_reverse (the frame and the last move), played on the
-256 held-out mazes; then the shipped SFT checkpoint and, with --run-dir, a GRPO run's last
-adapter, probed on the same mazes: their held-out solve rate (from the run's summary),
-agreement with the oracle where its move heads towards the target and where it heads
-away, and how often the "Moved ..." sentence changes the greedy move.
+256 held-out mazes; then the shipped SFT checkpoint (with --run-dir: the run's start) and,
+with --run-dir, the GRPO run's last adapter, probed on the same mazes: their held-out
+solve rate (from the run's summary), agreement with the oracle where its move heads
+towards the target and where it heads away, how often the "Moved ..." sentence changes
+the greedy move, and how often a move undoes the last one.
 
     python -m bench bench_policy_probe            # the shipped checkpoint
     python -m bench.bench_policy_probe --run-dir runs/<id>
@@ -76,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
                if args.run_dir else None)
     size = summary["config"]["data"]["size"] if summary else 7
     rows = heuristic_rows(size)
-    model, processor = load_policy(START)
-    rows.append(probe_row("shipped SFT (checkpoints/tiny-sft)", model, processor, size,
+    start = Path(summary["config"]["model"]["path"]) if summary else START
+    model, processor = load_policy(start)
+    rows.append(probe_row(f"start ({start.name})", model, processor, size,
                           _summary_rates(summary, "before") if summary else None))
     if args.run_dir:
         from peft import PeftModel

@@ -62,7 +62,7 @@ def test_local_run_config_from_the_repository_root(monkeypatch) -> None:  # noqa
     monkeypatch.chdir(ROOT)
     cfg = local_run.learner_config(local_run.DEFAULT_CONFIG, run="r1", steps=3)
     assert (cfg.run, cfg.steps) == ("r1", 3)
-    assert cfg.model.path == ROOT / "checkpoints" / "tiny-sft"
+    assert cfg.model.path == ROOT / "checkpoints" / "tiny-sft-feedback"
 
 
 def test_local_run_config_given_explicitly_from_another_directory(tmp_path: Path,
