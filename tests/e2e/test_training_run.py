@@ -4,6 +4,8 @@ learner under local Ray, as real processes; a few GRPO steps; resume determinism
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -111,14 +113,15 @@ def test_killed_and_resumed_run_is_bit_identical(stack: LocalStack, tmp_path: Pa
     proc = learner(learner_config(stack, tmp_path, "det-a", SFT, **over))
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out
-    # the same run, SIGKILLed once its step-2 checkpoint is complete, then resumed
+    # the same run, SIGKILLed (its whole process group, Ray too: a lost node) once its
+    # step-2 checkpoint is complete, then resumed
     config_b = learner_config(stack, tmp_path, "det-b", SFT, **over)
     proc = learner(config_b)
     complete = stack.runs_root / "det-b" / "checkpoints" / "step_000002" / "COMPLETE"
     deadline = time.monotonic() + 900
     while not complete.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    proc.kill()
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
     assert complete.exists()
     proc = learner(config_b, "--resume", "latest")

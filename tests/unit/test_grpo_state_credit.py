@@ -11,7 +11,7 @@ import pytest
 from rlfleet.grpo import GRPOConfig
 from rlfleet.grpo.advantages import state_advantages
 from rlfleet.v1 import rollout_pb2
-from rlfleet_learner.samples import build_rows, segment_prompts
+from rlfleet_learner.samples import NoTurnRewards, build_rows, segment_prompts
 
 # Three episodes of one maze, the task reward (no split: every turn's return is the
 # episode's): E1 solves through states a, b, c; E2 fails, going a, b, d and back to b;
@@ -73,3 +73,24 @@ def test_each_row_carries_its_states_advantage_from_the_episode_reward() -> None
     rows, stats, _ = build_rows(groups, 0, cfg)
     assert stats.num_kept == 2
     assert [r.advantage for r in rows] == pytest.approx([0.5, 0.0, -0.5, 0.0])
+
+
+def test_a_reward_split_over_the_turns_gives_the_returns_to_go() -> None:
+    # T0 splits [0.25, 0.75] (returns-to-go [1.0, 0.75]), T1 [0.0, 0.0]; both from prompt
+    # 10 then 11: baselines 0.5 and 0.375
+    cfg = GRPOConfig(credit="state", std_normalize=False)
+    t0, t1 = trajectory(0, [10, 11], 1.0), trajectory(1, [10, 11], 0.0)
+    t0.turn_rewards[:] = [0.25, 0.75]
+    t1.turn_rewards[:] = [0.0, 0.0]
+    rows, _, _ = build_rows([("g", [t0, t1])], 0, cfg)
+    assert [r.advantage for r in rows] == pytest.approx([0.5, 0.375, -0.5, -0.375])
+
+
+def test_a_split_of_the_wrong_length_is_refused() -> None:
+    # a reward that split two turns into three parts disagrees with the rollout on the
+    # turns: no guessing which turn a part belongs to
+    cfg = GRPOConfig(credit="state", std_normalize=False)
+    t0, t1 = trajectory(0, [10, 11], 1.0), trajectory(1, [10, 12], 0.0)
+    t0.turn_rewards[:] = [0.2, 0.3, 0.5]
+    with pytest.raises(NoTurnRewards, match="'state'.* 3 turn rewards for 2 turns"):
+        build_rows([("g", [t0, t1])], 0, cfg)

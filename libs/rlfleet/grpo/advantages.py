@@ -141,6 +141,15 @@ def episode_return_scale(rtg: Sequence[npt.NDArray[np.float64]], *, std_normaliz
     return 1.0
 
 
+def against_baselines(rtg: Sequence[npt.NDArray[np.float64]],
+                      baselines: Sequence[npt.NDArray[np.float64]],
+                      scale: float) -> list[npt.NDArray[np.float64]]:
+    """Each turn's return-to-go minus its baseline, over `scale`; 0 where the baseline is
+    NaN (no other turn to compare with)."""
+    return [np.where(np.isnan(b), 0.0, (g - np.nan_to_num(b)) / scale)
+            for g, b in zip(rtg, baselines, strict=True)]
+
+
 def turn_advantages(turn_rewards: Sequence[npt.ArrayLike], *, std_normalize: bool,
                     eps: float) -> list[npt.NDArray[np.float64]]:
     """Per-turn credit for one group: each turn's advantage is its return-to-go (its own
@@ -156,11 +165,7 @@ def turn_advantages(turn_rewards: Sequence[npt.ArrayLike], *, std_normalize: boo
     alive = [[g[t] for g in rtg if len(g) > t] for t in range(longest)]
     baseline = np.array([np.mean(v) if len(v) > 1 else np.nan for v in alive])
     scale = episode_return_scale(rtg, std_normalize=std_normalize, eps=eps)
-    out = []
-    for g in rtg:
-        b = baseline[: len(g)]
-        out.append(np.where(np.isnan(b), 0.0, (g - np.nan_to_num(b)) / scale))
-    return out
+    return against_baselines(rtg, [baseline[: len(g)] for g in rtg], scale)
 
 
 def state_advantages(turn_returns: Sequence[npt.ArrayLike],
@@ -188,11 +193,9 @@ def state_advantages(turn_returns: Sequence[npt.ArrayLike],
             visits.setdefault(key, []).append(float(value))
     baseline = {key: (np.mean(v) if len(v) > 1 else np.nan) for key, v in visits.items()}
     scale = episode_return_scale(rtg, std_normalize=std_normalize, eps=eps)
-    out = []
-    for g, keys in zip(rtg, states, strict=True):
-        b = np.array([baseline[k] for k in keys], dtype=np.float64)
-        out.append(np.where(np.isnan(b), 0.0, (g - np.nan_to_num(b)) / scale))
-    return out
+    return against_baselines(
+        rtg, [np.array([baseline[k] for k in keys], dtype=np.float64) for keys in states],
+        scale)
 
 
 @register_advantage_estimator("grpo")

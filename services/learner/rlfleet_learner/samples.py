@@ -53,6 +53,13 @@ def row_key(sample: TrainSample) -> Hashable:
             tuple(sample.extras["image_keys"]))
 
 
+def segment_bounds(t: rollout_pb2.Trajectory) -> list[tuple[int, int]]:
+    """Each segment's (start, end) token span: one segment in context "full", one per
+    turn in the per-turn contexts."""
+    bounds = [*(t.segment_starts or [0]), len(t.token_ids)]
+    return list(zip(bounds, bounds[1:], strict=False))
+
+
 def segment_rows(sample: TrainSample, advantages: Sequence[float] | None = None
                  ) -> list[TrainSample]:
     """The sample split at its trajectory's segment starts, images split alongside; with
@@ -60,9 +67,8 @@ def segment_rows(sample: TrainSample, advantages: Sequence[float] | None = None
     t: rollout_pb2.Trajectory = sample.extras["trajectory"]
     images = trajectory_pngs(t)
     keys = [img.sha256 for img in t.images]
-    bounds = [*(t.segment_starts or [0]), len(t.token_ids)]
     rows = []
-    for k, (start, end) in enumerate(zip(bounds, bounds[1:], strict=False)):
+    for k, (start, end) in enumerate(segment_bounds(t)):
         first = sum(1 for off in t.image_token_offsets if off < start)
         count = sum(1 for off in t.image_token_offsets if start <= off < end)
         mask = sample.loss_mask[start:end]
@@ -82,7 +88,26 @@ def segment_rows(sample: TrainSample, advantages: Sequence[float] | None = None
 
 
 class NoTurnRewards(ValueError):
-    """Per-turn credit asked for, and the reward gave no split over the turns."""
+    """Per-turn credit asked for, and the reward gave no split over the turns (or one of
+    the wrong length)."""
+
+
+def turn_split(sample: TrainSample, credit: str, *, required: bool) -> list[float] | None:
+    """The reward's split of the sample's trajectory over its turns (one per segment), or
+    None where the reward gave none and `required` is false. A split of the wrong length
+    is refused whatever `required` says: the reward service and the rollout disagree on
+    the turns, and guessing which turn a reward belongs to would credit the wrong move."""
+    t: rollout_pb2.Trajectory = sample.extras["trajectory"]
+    turns = len(segment_bounds(t))
+    if len(t.turn_rewards) == turns:
+        return list(t.turn_rewards)
+    if not t.turn_rewards and not required:
+        return None
+    raise NoTurnRewards(
+        f"grpo.credit is {credit!r}, but reward {t.reward_name!r} {t.reward_version} split "
+        f"trajectory {sample.sequence_key} into {len(t.turn_rewards)} turn rewards for "
+        f"{turns} turns: per-turn credit needs a reward that splits over the turns (e.g. "
+        "'progress') and a per-turn context")
 
 
 def turn_credit(kept: Sequence[TrainSample], cfg: GRPOConfig) -> dict[Hashable, list[float]]:
@@ -92,17 +117,7 @@ def turn_credit(kept: Sequence[TrainSample], cfg: GRPOConfig) -> dict[Hashable, 
     out: dict[Hashable, list[float]] = {}
     for positions in group_indices([sample.group_id for sample in kept]).values():
         members = [kept[i] for i in positions]
-        splits = []
-        for sample in members:
-            t: rollout_pb2.Trajectory = sample.extras["trajectory"]
-            segments = len(t.segment_starts or [0])
-            if len(t.turn_rewards) != segments:
-                raise NoTurnRewards(
-                    f"grpo.credit is 'turn', but reward {t.reward_name!r} {t.reward_version} "
-                    f"split trajectory {sample.sequence_key} into {len(t.turn_rewards)} turn "
-                    f"rewards for {segments} turns: per-turn credit needs a reward that "
-                    "splits over the turns (e.g. 'progress') and a per-turn context")
-            splits.append(list(t.turn_rewards))
+        splits = [turn_split(sample, "turn", required=True) for sample in members]
         for sample, advantages in zip(members, turn_advantages(
                 splits, std_normalize=cfg.std_normalize, eps=cfg.eps), strict=True):
             out[sample.sequence_key] = advantages.tolist()
@@ -112,9 +127,8 @@ def turn_credit(kept: Sequence[TrainSample], cfg: GRPOConfig) -> dict[Hashable, 
 def segment_prompts(t: rollout_pb2.Trajectory) -> list[Hashable]:
     """One key per segment (turn): the tokens before its first answer token and the
     frames among them, equal for turns that saw the same prompt."""
-    bounds = [*(t.segment_starts or [0]), len(t.token_ids)]
     keys: list[Hashable] = []
-    for start, end in zip(bounds, bounds[1:], strict=False):
+    for start, end in segment_bounds(t):
         answer = next((i for i in range(start, end) if t.loss_mask[i]), end)
         frames = tuple(img.sha256 for img, off in zip(t.images, t.image_token_offsets,
                                                        strict=False) if start <= off < answer)
@@ -127,7 +141,7 @@ def state_credit(kept: Sequence[TrainSample], cfg: GRPOConfig) -> dict[Hashable,
     one per segment, each turn's return-to-go against the group's turns from the same
     prompt; the return-to-go from the reward's split over the turns where it gives one,
     else the episode's reward at every turn (e.g. task: whether the episode went on to
-    solve)."""
+    solve). A split of the wrong length is refused (`turn_split`)."""
     out: dict[Hashable, list[float]] = {}
     for positions in group_indices([sample.group_id for sample in kept]).values():
         members = [kept[i] for i in positions]
@@ -135,8 +149,9 @@ def state_credit(kept: Sequence[TrainSample], cfg: GRPOConfig) -> dict[Hashable,
         for sample in members:
             t: rollout_pb2.Trajectory = sample.extras["trajectory"]
             keys = segment_prompts(t)
-            split = len(t.turn_rewards) == len(keys)
-            returns.append(returns_to_go(t.turn_rewards) if split else [t.reward] * len(keys))
+            split = turn_split(sample, "state", required=False)
+            returns.append(returns_to_go(split) if split is not None
+                           else [t.reward] * len(keys))
             states.append(keys)
         for sample, advantages in zip(members, state_advantages(
                 returns, states, std_normalize=cfg.std_normalize, eps=cfg.eps), strict=True):
