@@ -65,6 +65,19 @@ def test_zero_variance_and_singleton_groups_are_flagged_with_zero_advantage() ->
     assert res.advantages[[0, 1, 4]].tolist() == [0.0, 0.0, 0.0]
 
 
+def test_rewards_equal_but_for_rounding_are_a_zero_variance_group() -> None:
+    # novelty's seven -0.05 charges sum to -0.35 or -0.35000000000000003 by the order
+    # they fell in: the same reward, not a group to standardize by its std of 6e-17
+    rewards = [-0.05 * 5 + -0.05 * 2, -0.05 * 4 + -0.05 * 3, -0.35]
+    assert len(set(rewards)) == 2
+    res = get_advantage_estimator("grpo")(rewards, ["g"] * 3, GRPOConfig())
+    assert res.zero_variance.tolist() == [True, True, True]
+    assert res.advantages.tolist() == [0.0, 0.0, 0.0]
+    # a real difference of a 1e-6 part stays a signal
+    res = get_advantage_estimator("grpo")([1.0, 1.000001], ["g"] * 2, GRPOConfig())
+    assert res.zero_variance.tolist() == [False, False]
+
+
 @pytest.mark.parametrize(
     ("rewards", "groups", "match"),
     [

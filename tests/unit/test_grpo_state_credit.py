@@ -44,6 +44,15 @@ def test_a_split_reward_compares_returns_to_go() -> None:
     assert e1 == pytest.approx([0.5, 0.55]) and e2 == pytest.approx([-0.5, -0.55])
 
 
+def test_episode_returns_equal_but_for_rounding_do_not_scale_the_turns() -> None:
+    # both episodes end at -0.35 (one summed to -0.35000000000000003): the returns'
+    # "std" is rounding, so the turns are only centred (a std of 6e-17 + eps made these
+    # advantages 1e5 and a gradient norm of 7e3)
+    e1, e2 = state_advantages([[-0.05 * 5 + -0.05 * 2, -0.2], [-0.35, -0.3]],
+                              [["a", "b"], ["a", "b"]], std_normalize=True, eps=1e-6)
+    assert e1 == pytest.approx([0.0, 0.05]) and e2 == pytest.approx([0.0, -0.05])
+
+
 def test_one_key_per_turn_or_a_clear_error() -> None:
     with pytest.raises(ValueError, match="one state key per turn"):
         state_advantages([[1.0, 1.0]], [["a"]], std_normalize=False, eps=1e-6)

@@ -2,7 +2,7 @@
 
 An estimator maps one scalar reward per trajectory plus its group id (all trajectories of
 one task/prompt share a group id) to one scalar advantage per trajectory. Groups whose
-rewards are all equal (including groups of one) carry no learning signal: they get
+rewards are all equal, up to rounding (including groups of one), carry no learning signal: they get
 advantage 0 and are flagged so the caller drops them and counts them.
 """
 
@@ -58,11 +58,24 @@ def group_indices(group_ids: Sequence[Hashable]) -> dict[Hashable, list[int]]:
     return groups
 
 
+# Rewards closer than this (relative to their size) are equal: a reward summed from
+# per-turn parts carries rounding that depends on the order of the parts (novelty's
+# -0.05 x 7 is -0.35 or -0.35000000000000003 by how the revisits fell), and a group
+# "differing" by 6e-17 would be standardized by its std of 6e-17 (+ eps): advantages of
+# 1e5 where the rewards say nothing.
+EQUAL_RTOL = 1e-9
+
+
 def no_signal(group_rewards: npt.ArrayLike) -> bool:
     """True for a group that carries no relative signal: fewer than two members, or all
-    rewards equal. Exact equality: rewards are sums of a few discrete components."""
-    g = np.asarray(group_rewards)
-    return bool(g.size < 2 or np.all(g == g.flat[0]))
+    rewards equal up to rounding (`EQUAL_RTOL`)."""
+    g = np.asarray(group_rewards, dtype=np.float64)
+    if g.size < 2:
+        return True
+    with np.errstate(over="ignore", invalid="ignore"):
+        spread = float(np.max(g) - np.min(g))
+        size = float(np.max(np.abs(g)))
+    return bool(spread <= EQUAL_RTOL * max(size, 1.0))
 
 
 class NonFiniteRewards(ValueError):
@@ -134,9 +147,10 @@ def episode_return_scale(rtg: Sequence[npt.NDArray[np.float64]], *, std_normaliz
                          eps: float) -> float:
     """What per-turn advantages are divided by: the sample std of the group's episode
     returns (each episode's first return-to-go) + eps, as ``grpo``; 1 when not
-    ``std_normalize`` or when the returns are all equal (no division by zero)."""
+    ``std_normalize`` or when the returns are all equal up to rounding (`no_signal`: no
+    division by a std of zero, or of rounding noise)."""
     returns = np.array([g[0] if len(g) else 0.0 for g in rtg])
-    if std_normalize and len(returns) > 1 and returns.std(ddof=1) > 0:
+    if std_normalize and not no_signal(returns):
         return float(returns.std(ddof=1) + eps)
     return 1.0
 
