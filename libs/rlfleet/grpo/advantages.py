@@ -2,8 +2,8 @@
 
 An estimator maps one scalar reward per trajectory plus its group id (all trajectories of
 one task/prompt share a group id) to one scalar advantage per trajectory. Groups whose
-rewards are all equal, up to rounding (including groups of one), carry no learning signal: they get
-advantage 0 and are flagged so the caller drops them and counts them.
+rewards are all equal up to rounding (including groups of one) carry no learning signal:
+they get advantage 0 and are flagged so the caller drops them and counts them.
 """
 
 from __future__ import annotations
