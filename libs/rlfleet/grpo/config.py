@@ -60,8 +60,9 @@ class GRPOConfig(ClosedModel):
         "reward's split over the turns (a reward without one, e.g. task, is refused at the "
         "first step); state: each turn's return-to-go against that of the group's turns "
         "played from the same prompt (rlfleet.grpo.advantages.state_advantages; the "
-        "episode's reward for every turn where the reward gives no split), a prompt seen "
-        "once trains on nothing; turn and state are for the per-turn contexts")
+        "episode's reward for every turn where the reward gives no split; a split of the "
+        "wrong length is refused), a prompt seen once trains on nothing; turn and state "
+        "are for the per-turn contexts")
 
     @field_validator(*_REALS, mode="before")
     @classmethod
