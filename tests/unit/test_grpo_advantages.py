@@ -13,7 +13,7 @@ from rlfleet.grpo import (
     group_normalized_advantages,
     register_advantage_estimator,
 )
-from rlfleet.grpo.advantages import ADVANTAGE_ESTIMATORS, AdvantageResult
+from rlfleet.grpo.advantages import ADVANTAGE_ESTIMATORS, EQUAL_RTOL, AdvantageResult
 
 
 def test_grpo_uses_sample_std_like_skyrl() -> None:
@@ -104,8 +104,8 @@ def test_advantages_sum_to_zero_in_each_kept_group(groups: list[list[float]], no
     res = get_advantage_estimator("grpo")(rewards, ids, GRPOConfig(std_normalize=norm))
     for i, g in enumerate(groups):
         sel = np.asarray(ids) == i
-        # equal up to rounding (a relative 1e-9) is equal: [0, 2.2e-16] carries no signal
-        if max(g) - min(g) <= 1e-9 * max(1.0, *map(abs, g)):
+        # equal up to rounding (relative EQUAL_RTOL) is equal: [0, 2.2e-16] carries no signal
+        if max(g) - min(g) <= EQUAL_RTOL * max(1.0, *map(abs, g)):
             assert res.zero_variance[sel].all() and (res.advantages[sel] == 0).all()
             continue
         a = res.advantages[sel]
