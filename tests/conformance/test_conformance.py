@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from rlfleet.conformance.checks import Target, all_checks, checks_for, run_check
-from tests.waits import SCALE
+from rlfleet.conformance.checks import TIMEOUT_S, Target, all_checks, checks_for, run_check
+from tests.waits import SCALE, scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = ROOT / "tests" / "plugins" / "site"
@@ -56,7 +56,7 @@ def _pythonpath(*extra: Path) -> str:
 @pytest.fixture(scope="module", params=TARGETS)
 def target(request, tmp_path_factory):
     if EXTERNAL:
-        t = Target(EXTERNAL, os.environ.get("RLFLEET_AUTH_TOKEN"))
+        t = Target(EXTERNAL, os.environ.get("RLFLEET_AUTH_TOKEN"), scaled(TIMEOUT_S))
         yield t
         t.close()
         return
@@ -73,7 +73,7 @@ def target(request, tmp_path_factory):
         argv = rlfleet_argv("env", "serve", "--port", str(port), "--metrics-port",
                             str(free_port()), *args)
     group.start_service(request.param, argv, f"127.0.0.1:{port}", env=env)
-    t = Target(f"127.0.0.1:{port}", TOKEN)
+    t = Target(f"127.0.0.1:{port}", TOKEN, scaled(TIMEOUT_S))
     t.kind = request.param
     yield t
     t.close()
@@ -127,8 +127,9 @@ def test_cli_passes_against_both_rewards(start_env, monkeypatch) -> None:
     for reward in ("task", "format+task"):
         proc = start_env("--reward", reward, name=f"env-{reward}")
         out = subprocess.run(
-            [sys.executable, "-m", "rlfleet.cli", "conformance", "--target", proc.address],
-            capture_output=True, text=True, timeout=300,
+            [sys.executable, "-m", "rlfleet.cli", "conformance", "--target", proc.address,
+             "--timeout", str(scaled(TIMEOUT_S))],
+            capture_output=True, text=True, timeout=scaled(300),
         )
         assert out.returncode == 0, out.stdout + out.stderr
         assert "0 failed" in out.stdout
@@ -148,7 +149,8 @@ def test_cli_passes_against_the_example_reward_service(procs, monkeypatch) -> No
         f"127.0.0.1:{port}", env={"PYTHONPATH": _pythonpath(EXAMPLE)})
     out = subprocess.run(
         [sys.executable, "-m", "rlfleet.cli", "conformance", "--target", proc.address,
-         "--json"], capture_output=True, text=True, timeout=300,
+         "--json", "--timeout", str(scaled(TIMEOUT_S))], capture_output=True, text=True,
+        timeout=scaled(300),
     )
     assert out.returncode == 0, out.stdout + out.stderr
     outcomes = {r["name"]: r["outcome"] for r in json.loads(out.stdout)}  # JSON alone
@@ -168,10 +170,25 @@ def test_cli_against_a_dead_address_fails_fast_with_one_line() -> None:
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
     out = subprocess.run(
         [sys.executable, "-m", "rlfleet.cli", "conformance", "--target", dead],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=scaled(120),
     )
     assert out.returncode == 2
     assert out.stdout == ""
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
     assert lines[0].startswith(f"rlfleet conformance: cannot reach {dead}: UNAVAILABLE")
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon"])
+def test_cli_refuses_a_deadline_that_is_not_a_positive_number(value: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "rlfleet.cli", "conformance", "--target", "127.0.0.1:1",
+         "--timeout", value], capture_output=True, text=True, timeout=scaled(120),
+    )
+    assert out.returncode == 2
+    assert "--timeout" in out.stderr and out.stdout == ""
+
+
+def test_a_target_refuses_a_deadline_that_is_not_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        Target("127.0.0.1:1", timeout_s=0)

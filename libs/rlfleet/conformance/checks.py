@@ -44,6 +44,9 @@ ENV = "rlfleet.v1.EnvService"
 REWARD = "rlfleet.v1.RewardService"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TIMEOUT_S = 10.0
+# A call that carries a whole batch (MAX_BATCH episodes) does up to MAX_BATCH times the
+# work of a one-episode call: it gets this many times the deadline.
+BATCH_TIMEOUT_FACTOR = 6
 CONNECT_TIMEOUT_S = 5.0
 MAX_OBSERVATION_TEXT_BYTES = 16 * 1024
 MAX_FEEDBACK_BYTES = 1024
@@ -65,8 +68,17 @@ class CheckResult:
 
 
 class Target:
-    def __init__(self, address: str, token: str | None = None) -> None:
+    """The service under test. `timeout_s` is the deadline of each one-episode call (raise
+    it for a busy or distant service); a call of a whole batch gets BATCH_TIMEOUT_FACTOR
+    times it."""
+
+    def __init__(self, address: str, token: str | None = None,
+                 timeout_s: float = TIMEOUT_S) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s={timeout_s!r}: a positive number of seconds")
         self.address = address
+        self.timeout_s = timeout_s
+        self.batch_timeout_s = BATCH_TIMEOUT_FACTOR * timeout_s
         self.channel = open_channel(address, token=token)
         self.env = env_pb2_grpc.EnvServiceStub(self.channel)
         self.reward = reward_pb2_grpc.RewardServiceStub(self.channel)
@@ -91,7 +103,7 @@ class Target:
             (reply,) = list(
                 stub.ServerReflectionInfo(
                     iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
-                    timeout=TIMEOUT_S,
+                    timeout=self.timeout_s,
                 )
             )
             self._services = {s.name for s in reply.list_services_response.service}
@@ -108,7 +120,7 @@ class Target:
         """The env contract's tasks ([] without an env contract)."""
         if self._tasks is None:
             self._tasks = (list(self.env.ListTasks(env_pb2.ListTasksRequest(),
-                                                   timeout=TIMEOUT_S).tasks)
+                                                   timeout=self.timeout_s).tasks)
                            if ENV in self.services else [])
         return self._tasks
 
@@ -120,7 +132,7 @@ class Target:
     def info(self) -> reward_pb2.RewardInfo:
         if self._info is None:
             self.need(REWARD)
-            self._info = self.reward.Info(reward_pb2.RewardInfoRequest(), timeout=TIMEOUT_S)
+            self._info = self.reward.Info(reward_pb2.RewardInfoRequest(), timeout=self.timeout_s)
         return self._info
 
     @property
@@ -138,20 +150,25 @@ class Target:
 
     # -- calls -----------------------------------------------------------------------
 
+    def deadline(self, n: int) -> float:
+        """The deadline of a call that carries `n` episodes."""
+        return self.batch_timeout_s if n > 1 else self.timeout_s
+
     def open(self, *specs: common_pb2.TaskSpec, image: bool = True) -> env_pb2.OpenResponse:
         return self.env.Open(env_pb2.OpenRequest(tasks=list(specs), include_image=image),
-                             timeout=TIMEOUT_S)
+                             timeout=self.deadline(len(specs)))
 
     def step(self, episode_id: str, text: str, image: bool = False) -> env_pb2.StepResult:
         reply = self.env.Step(
             env_pb2.StepRequest(actions=[env_pb2.Action(episode_id=episode_id, text=text)],
                                 include_image=image),
-            timeout=TIMEOUT_S,
+            timeout=self.timeout_s,
         )
         return reply.results[0]
 
     def close_episodes(self, *ids: str) -> env_pb2.CloseResponse:
-        return self.env.Close(env_pb2.CloseRequest(episode_ids=list(ids)), timeout=TIMEOUT_S)
+        return self.env.Close(env_pb2.CloseRequest(episode_ids=list(ids)),
+                              timeout=self.deadline(len(ids)))
 
     def close(self) -> None:
         self.channel.close()
@@ -196,7 +213,7 @@ def _check_observation(obs: common_pb2.Observation, what: str) -> None:
 
 def check_health(t: Target) -> None:
     for service in ["", *sorted(t.services & {ENV, REWARD})]:
-        reply = t.health.Check(health_pb2.HealthCheckRequest(service=service), timeout=TIMEOUT_S)
+        reply = t.health.Check(health_pb2.HealthCheckRequest(service=service), timeout=t.timeout_s)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING, (
             f"health of {service or 'server'}: {reply.status}"
         )
@@ -290,13 +307,13 @@ def check_batch_all_or_nothing(t: Target) -> None:
         env_pb2.Action(episode_id=ep.episode_id, text="hello"),
         env_pb2.Action(episode_id="no-such-episode", text="hello"),
     ])
-    expect_code(grpc.StatusCode.NOT_FOUND, lambda: t.env.Step(unknown, timeout=TIMEOUT_S),
+    expect_code(grpc.StatusCode.NOT_FOUND, lambda: t.env.Step(unknown, timeout=t.timeout_s),
                 "Step batch with an unknown id")
     twice = env_pb2.StepRequest(actions=[
         env_pb2.Action(episode_id=ep.episode_id, text="hello"),
         env_pb2.Action(episode_id=ep.episode_id, text="hello"),
     ])
-    expect_code(grpc.StatusCode.INVALID_ARGUMENT, lambda: t.env.Step(twice, timeout=TIMEOUT_S),
+    expect_code(grpc.StatusCode.INVALID_ARGUMENT, lambda: t.env.Step(twice, timeout=t.timeout_s),
                 "Step batch naming one episode twice")
     result = t.step(ep.episode_id, "hello")
     assert result.observation.turn == 1, "a refused batch still stepped an episode"
@@ -322,9 +339,9 @@ def check_env_errors(t: Target) -> None:
         expect_code(code, lambda task_spec=task_spec: t.open(task_spec), what)
     expect_code(grpc.StatusCode.INVALID_ARGUMENT, lambda: t.open(), "empty Open batch")
     expect_code(grpc.StatusCode.INVALID_ARGUMENT,
-                lambda: t.env.Step(env_pb2.StepRequest(), timeout=TIMEOUT_S), "empty Step batch")
+                lambda: t.env.Step(env_pb2.StepRequest(), timeout=t.timeout_s), "empty Step batch")
     expect_code(grpc.StatusCode.INVALID_ARGUMENT,
-                lambda: t.env.Close(env_pb2.CloseRequest(), timeout=TIMEOUT_S),
+                lambda: t.env.Close(env_pb2.CloseRequest(), timeout=t.timeout_s),
                 "empty Close batch")
     expect_code(grpc.StatusCode.NOT_FOUND, lambda: t.step("nope", "x"), "unknown episode")
 
@@ -344,7 +361,8 @@ def check_message_sizes(t: Target) -> None:
         ids = [e.episode_id for e in opened.episodes]
         assert len(ids) == n, f"an Open batch of {n} opened {len(ids)} episodes"
         step = env_pb2.StepRequest(actions=[env_pb2.Action(episode_id=i, text="x") for i in ids])
-        assert len(t.env.Step(step, timeout=60).results) == n, f"a Step batch of {n} failed"
+        stepped = t.env.Step(step, timeout=t.batch_timeout_s).results
+        assert len(stepped) == n, f"a Step batch of {n} failed"
         assert len(t.close_episodes(*ids).episodes) == n, f"a Close batch of {n} failed"
     expect_code(grpc.StatusCode.INVALID_ARGUMENT,
                 lambda: t.open(*[spec(task=task)] * (n + 1), image=False),
@@ -352,7 +370,7 @@ def check_message_sizes(t: Target) -> None:
     expect_code(grpc.StatusCode.INVALID_ARGUMENT,
                 lambda: t.env.Step(env_pb2.StepRequest(actions=[
                     env_pb2.Action(episode_id=f"e{i}", text="x") for i in range(n + 1)]),
-                    timeout=TIMEOUT_S), f"Step batch of {n + 1}")
+                    timeout=t.batch_timeout_s), f"Step batch of {n + 1}")
     expect_code(grpc.StatusCode.INVALID_ARGUMENT,
                 lambda: t.close_episodes(*[f"e{i}" for i in range(n + 1)]),
                 f"Close batch of {n + 1}")
@@ -382,7 +400,7 @@ def check_malformed_bytes(t: Target) -> None:
         raw = t.channel.unary_unary(method, request_serializer=lambda b: b,
                                     response_deserializer=lambda b: b)
         expect_code(grpc.StatusCode.INVALID_ARGUMENT,
-                    lambda raw=raw: raw(b"\xff\xff\xff\xffnot a protobuf", timeout=TIMEOUT_S),
+                    lambda raw=raw: raw(b"\xff\xff\xff\xffnot a protobuf", timeout=t.timeout_s),
                     f"malformed protobuf to {method}")
 
 
@@ -416,7 +434,8 @@ def check_reward_info(t: Target) -> None:
 
 
 def _score(t: Target, *records: reward_pb2.EpisodeRecord) -> reward_pb2.ScoreResponse:
-    return t.reward.Score(reward_pb2.ScoreRequest(episodes=list(records)), timeout=TIMEOUT_S)
+    return t.reward.Score(reward_pb2.ScoreRequest(episodes=list(records)),
+                          timeout=t.deadline(len(records)))
 
 
 def check_reward_scores(t: Target) -> None:
@@ -703,10 +722,11 @@ def run_check(check: Check | Callable[[Target], None], target: Target) -> CheckR
     return CheckResult(check.name, "pass")
 
 
-def run_checks(address: str, token: str | None = None) -> list[CheckResult]:
+def run_checks(address: str, token: str | None = None,
+               timeout_s: float = TIMEOUT_S) -> list[CheckResult]:
     """Every check that applies to the service at `address`; Unreachable (at once) when
-    nothing answers there."""
-    target = Target(address, token)
+    nothing answers there. `timeout_s`: see Target."""
+    target = Target(address, token, timeout_s)
     try:
         target.probe()
         return [run_check(check, target) for check in checks_for(target)]

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from rlfleet.cliargs import address
+from rlfleet.cliargs import address, positive_float
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -14,7 +14,8 @@ def _run(args: argparse.Namespace) -> int:
     from rlfleet.conformance.checks import Unreachable, run_checks
 
     try:
-        results = run_checks(args.target, token=read_secret("RLFLEET_AUTH_TOKEN"))
+        results = run_checks(args.target, token=read_secret("RLFLEET_AUTH_TOKEN"),
+                             timeout_s=args.timeout)
     except Unreachable as exc:
         print(f"rlfleet conformance: {exc}", file=sys.stderr)
         return 2
@@ -40,4 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "2: nothing answers at the target.")
     p.add_argument("--target", required=True, type=address, help="HOST:PORT of the service")
     p.add_argument("--json", action="store_true", help="print results as JSON")
+    p.add_argument("--timeout", type=positive_float, default=10.0, metavar="SECONDS",
+                   help="deadline of each one-episode call (default 10); a call of a whole "
+                        "batch gets 6 times it: raise it for a busy or distant service")
     p.set_defaults(func=_run)
