@@ -35,10 +35,12 @@ def config(stack: LocalStack, tmp_path: Path, run: str, group_size: int = 8,
            max_turns: int = 40) -> Path:
     # hot sampling and long episodes: a step's rollouts take seconds, so the signal lands
     # while the learner waits for them
+    # a step's 4 groups in flight, not the recipe's 12: the stack has one replica
     return learner_config(stack, tmp_path, run, steps=50, eval=NO_EVAL,
                           data={"groups_per_step": 4, "group_size": group_size,
                                 "max_turns": max_turns, "turn_margin": 0,
                                 "temperature": 3.0},
+                          fleet={"max_groups_in_flight": 4},
                           checkpoint={"every": 1000}, ray={"num_workers": 1})
 
 
@@ -47,12 +49,18 @@ def start_learner(path: Path) -> subprocess.Popen | ForkedProcess:
                   str(path)])
 
 
-def wait_for(events_path: Path, predicate, timeout_s: float = 300) -> list[dict]:  # noqa: ANN001
+def wait_for(events_path: Path, predicate, timeout_s: float = 300,  # noqa: ANN001
+             proc: subprocess.Popen | ForkedProcess | None = None) -> list[dict]:
+    """The run's events once `predicate` holds; fails at once if `proc` (the learner)
+    exits first, rather than waiting out the deadline for events that cannot come."""
     deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         events = read_events(events_path) if events_path.exists() else []
         if predicate(events):
             return events
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the learner exited ({proc.returncode}) before the events "
+                                 f"in {events_path} came")
         time.sleep(0.1)
     raise AssertionError(f"no such events in {events_path} after {scaled(timeout_s):.0f}s")
 
@@ -83,7 +91,7 @@ def test_sigterm_while_waiting_for_rollouts_abandons_the_step(stack: LocalStack,
     # the first step's rollouts are under way: the replica generates for them (the
     # initial version's publication alone is not enough: on a busy machine the learner
     # may still be waiting for the replicas to load it, a stop before the step begins)
-    wait_for(metrics, lambda ev: any(e["event"] == "start" for e in ev))
+    wait_for(metrics, lambda ev: any(e["event"] == "start" for e in ev), proc=proc)
     root = RunsRoot(stack.runs_root)
     wait_until("the replica generating the first step's rollouts",
                lambda: tokens_generated(stack) > 0, timeout_s=300, period_s=0.2)
@@ -108,7 +116,8 @@ def test_sigterm_after_a_step_checkpoints_it_and_resumes_there(stack: LocalStack
     # while the next one's rollouts (still the bulk of a step) are under way
     path = config(stack, tmp_path, run, group_size=4, max_turns=20)
     proc = start_learner(path)
-    wait_for(metrics, lambda ev: any(e["event"] == "step" for e in ev), timeout_s=600)
+    wait_for(metrics, lambda ev: any(e["event"] == "step" for e in ev), timeout_s=600,
+             proc=proc)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=scaled(300))
     assert proc.returncode == 143, out
