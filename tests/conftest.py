@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -102,6 +103,16 @@ def vllm_sockets_in_the_session_temp(tmp_path_factory: pytest.TempPathFactory) -
     which pytest prunes. Child processes (the vLLM tier's own pytest) inherit it."""
     if "VLLM_RPC_BASE_PATH" not in os.environ:
         os.environ["VLLM_RPC_BASE_PATH"] = str(tmp_path_factory.mktemp("vllm-ipc"))
+
+
+@pytest.fixture(autouse=True)
+def no_learner_outlives_its_test() -> Iterator[None]:
+    """A test that failed with its learner process running (tests.factories'
+    learner_process) kills it, Ray and all, instead of leaving it to the session's end."""
+    yield
+    factories = sys.modules.get("tests.factories")  # not imported: no learner started
+    if factories is not None:
+        factories.kill_started_learners()
 
 
 @pytest.fixture

@@ -4,7 +4,10 @@ config files for a local fleet."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -163,9 +166,31 @@ HOT_SHORT_EPISODES = {"groups_per_step": 2, "group_size": 4, "max_turns": 4,
                       "temperature": 3.0}
 
 
-def learner_process(config: Path, resume: str = "auto") -> subprocess.Popen | ForkedProcess:
-    """`rlfleet learner run --config CONFIG --resume RESUME` at WARNING, as the chart runs
-    it on every retry, in a process group of its own (a test may SIGKILL it whole, Ray
-    included); output captured as text."""
-    return popen([sys.executable, "-m", "rlfleet.cli", "learner", "run",
-                  "--config", str(config), "--resume", resume, "--log-level", "WARNING"])
+# every learner_process started, for tests/conftest.py's `no_learner_outlives_its_test`
+STARTED_LEARNERS: list[subprocess.Popen | ForkedProcess] = []
+
+
+def learner_process(config: Path, resume: str = "auto", steps: int | None = None
+                    ) -> subprocess.Popen | ForkedProcess:
+    """`rlfleet learner run --config CONFIG --resume RESUME [--steps STEPS]` at WARNING, as
+    the chart runs it on every retry, in a process group of its own (a test may SIGKILL it
+    whole, Ray included); output captured as text."""
+    argv = [sys.executable, "-m", "rlfleet.cli", "learner", "run",
+            "--config", str(config), "--resume", resume, "--log-level", "WARNING"]
+    if steps is not None:
+        argv += ["--steps", str(steps)]
+    proc = popen(argv)
+    STARTED_LEARNERS.append(proc)
+    return proc
+
+
+def kill_started_learners() -> None:
+    """SIGKILL to the process group (Ray's too) of every learner_process still running:
+    a test that failed half-way leaves none for the next test or the leak check."""
+    while STARTED_LEARNERS:
+        proc = STARTED_LEARNERS.pop()
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.communicate(timeout=60)

@@ -2,17 +2,22 @@
 deployed command (`rlfleet learner run --config ... --resume auto`, what the chart's
 RayJob runs on every retry) continues one run instead of mixing attempts.
 
-One run of 8 steps (checkpoint every 2), in async and in sync mode, on the real local stack
+One run (checkpoint every 2 steps), in async and in sync mode, on the real local stack
 (Redis, env/reward, ckpt-sync, a rollout replica) with the learner as a real process under
 local Ray:
 1. SIGTERM at a random point after step 2: it checkpoints and exits 143;
 2. restarted, it resumes there; SIGKILL of its whole process group (Ray too: a node lost)
    at a random point after its next checkpoint and one more step;
 3. its newest checkpoint's optimizer.pt is truncated and a torn line is left at the end
-   of metrics.jsonl (a crash inside a write); restarted, it falls back to the newest
-   intact checkpoint (saying so), appends whole lines after the torn one, and finishes;
+   of metrics.jsonl (a crash inside a write); restarted with `--steps` two past the
+   killed attempt's last step, it falls back to the newest intact checkpoint (saying so),
+   appends whole lines after the torn one, and finishes;
 4. a fresh start (`--resume none`) over the run refuses and changes nothing.
-Then: steps 1..8 each once in the run's lineage; every training seed trained exactly once
+The first two attempts are given more steps than they can reach (`--steps`), so a signal,
+never the end of the run, stops them however fast a loaded or a quiet machine trains (an
+async learner can train six steps in 2 s: with 8 steps, a SIGTERM 0.5 s after step 2 once
+met step 6, and the kill after the next checkpoint had no step left).
+Then: steps 1..final each once in the run's lineage; every training seed trained exactly once
 across the attempts and the final checkpoint's cursor is exactly those seeds (lost 0,
 duplicated 0); ckpt-sync's GC removed old versions but none a checkpoint serves.
 """
@@ -41,9 +46,11 @@ from rlfleet.storage.checkpoints import OPTIMIZER_FILE
 from rlfleet_learner.cursor import SeedCursor
 from tests import factories
 from tests.factories import NO_EVAL, SFT, learner_process
+from tests.waits import scaled
 
 RUN = "restarts"
-STEPS = 8
+STEPS = 8  # the config's; attempts 1 and 2 run with OPEN_ENDED, the last with its own
+OPEN_ENDED = 10_000
 GROUPS_PER_STEP = 2
 
 
@@ -65,7 +72,7 @@ def learner_config(stack: LocalStack, tmp_path: Path, mode: str) -> Path:
 
 
 def wait_for_step(metrics: Path, proc: subprocess.Popen, after: int, step: int,
-                  timeout_s: float = 600) -> None:
+                  timeout_s: float = scaled(600)) -> None:
     """Until the attempt whose events start at index `after` has logged `step`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -95,13 +102,11 @@ def test_stopped_killed_and_damaged_runs_resume_and_train_every_seed_once(
     outputs: list[str] = []
 
     # 1. SIGTERM at a random point after step 2 (waiting for rollouts or updating)
-    proc = learner_process(config)
+    proc = learner_process(config, steps=OPEN_ENDED)
     wait_for_step(metrics, proc, 0, 2)
-    # within about a step: an async learner can train the remaining six steps in 2 s,
-    # and a SIGTERM after its last one meets a finished run (exit 0, as it should)
     time.sleep(rng.uniform(0, 0.5))
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=300)
+    out, _ = proc.communicate(timeout=scaled(300))
     outputs.append(out)
     assert proc.returncode == 143, out
     stopped = [e for e in read_events(metrics) if e["event"] == "stopped"]
@@ -110,14 +115,13 @@ def test_stopped_killed_and_damaged_runs_resume_and_train_every_seed_once(
     # 2. restarted: resumes there; SIGKILL of everything at a random point after its next
     # checkpoint (every 2 steps) and one more step
     first = event_count(metrics)
-    proc = learner_process(config)
+    proc = learner_process(config, steps=OPEN_ENDED)
     next_checkpoint = stopped[0]["step"] // 2 * 2 + 2
-    assert next_checkpoint < STEPS
     wait_for_step(metrics, proc, first, next_checkpoint + 1)
     time.sleep(rng.uniform(0, 2))
     os.killpg(proc.pid, signal.SIGKILL)
     killed_after = max(e["step"] for e in read_events(metrics)[first:] if e["event"] == "step")
-    out, _ = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=scaled(60))
     outputs.append(out)
     resumed = [e for e in read_events(metrics)[first:] if e["event"] == "resumed"]
     assert [e["step"] for e in resumed] == [stopped[0]["step"]]
@@ -131,8 +135,9 @@ def test_stopped_killed_and_damaged_runs_resume_and_train_every_seed_once(
     with open(metrics, "ab") as f:
         f.write(b'{"event": "step", "step": 99, "rew')
     second = event_count(metrics)
-    proc = learner_process(config)
-    out, _ = proc.communicate(timeout=900)
+    final = killed_after + 2
+    proc = learner_process(config, steps=final)
+    out, _ = proc.communicate(timeout=scaled(900))
     outputs.append(out)
     assert proc.returncode == 0, out
     assert f"checkpoint step_{saved[-1]:06d} is damaged" in out, out
@@ -140,14 +145,14 @@ def test_stopped_killed_and_damaged_runs_resume_and_train_every_seed_once(
     events = read_events(metrics)
     resumed = [e for e in events[second:] if e["event"] == "resumed"]
     assert [e["step"] for e in resumed] == [saved[-2]]
-    assert events[-1]["event"] == "end" and events[-1]["step"] == STEPS
+    assert events[-1]["event"] == "end" and events[-1]["step"] == final
     lines = metrics.read_bytes().split(b"\n")
     assert b'{"event": "step", "step": 99, "rew' in lines  # the torn one stands alone
 
     # 4. a fresh start over the run refuses and changes nothing
     before = (metrics.read_bytes(), list_versions(root, RUN), list_checkpoints(root, RUN))
     proc = learner_process(config, resume="none")
-    out, _ = proc.communicate(timeout=300)
+    out, _ = proc.communicate(timeout=scaled(300))
     outputs.append(out)
     assert proc.returncode == 2, out
     assert "already has checkpoints" in out and "--resume auto" in out, out
@@ -155,16 +160,16 @@ def test_stopped_killed_and_damaged_runs_resume_and_train_every_seed_once(
     assert (metrics.read_bytes(), list_versions(root, RUN), list_checkpoints(root, RUN)) \
         == before
 
-    # the run's lineage: steps 1..8 once each, every seed trained exactly once
+    # the run's lineage: steps 1..final once each, every seed trained exactly once
     steps = lineage_steps(events)
-    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+    assert [s["step"] for s in steps] == list(range(1, final + 1))
     seeds = [seed for s in steps for seed in s["seeds"]]
-    assert len(seeds) == len(set(seeds)) == STEPS * GROUPS_PER_STEP  # duplicated 0
-    final = load_checkpoint(root.checkpoint_dir(RUN, STEPS))
+    assert len(seeds) == len(set(seeds)) == final * GROUPS_PER_STEP  # duplicated 0
+    last = load_checkpoint(root.checkpoint_dir(RUN, final))
     cursor = SeedCursor(7)
     cursor.mark_trained(seeds)  # raises if any seed came twice
-    expected = {**cursor.to_dict(), "version": final.data_cursor["version"]}
-    assert final.data_cursor == expected  # lost 0: the cursor is exactly these seeds
+    expected = {**cursor.to_dict(), "version": last.data_cursor["version"]}
+    assert last.data_cursor == expected  # lost 0: the cursor is exactly these seeds
     # GC removed old versions, none that a checkpoint served
     versions = list_versions(root, RUN)
     pinned = checkpoint_adapter_versions(root, RUN)
