@@ -62,7 +62,8 @@ def run_mode(mode: str, work: Path, replicas: int = 2) -> dict:
                             "fleet": {"redis_url": stack.redis_url,
                                       "sync_address": stack.sync_address,
                                       "runs_root": stack.runs_root, "min_replicas": replicas}},
-                      replace={"eval": {"every": 0, "eval_seeds": 0, "heldout_seeds": 128,
+                      replace={"minutes": None,  # STEPS steps, however fast
+                               "eval": {"every": 0, "eval_seeds": 0, "heldout_seeds": 128,
                                         "at_start": True},
                                "checkpoint": {"every": 0}})
         path = work / mode / "learner.yaml"

@@ -139,9 +139,10 @@ def learner_config(stack: LocalStack, tmp_path: Path, run: str, model_dir: Path 
                    fleet: Mapping[str, Any] | None = None, **sections: Any) -> Path:
     """A learner config file for `run` on `stack`'s fleet: configs/`base` with the stack's
     Redis, ckpt-sync and runs root, one replica enough to start, the policy of
-    `model_dir` and no calibration step. `model`, `data`, `grpo` and `fleet` update those
+    `model_dir`, no calibration step and no time budget (a test's steps are its config's,
+    however loaded the machine). `model`, `data`, `grpo` and `fleet` update those
     sections; every other keyword replaces a top-level key or a whole section
-    (``steps=3``, ``eval=NO_EVAL``)."""
+    (``steps=3``, ``eval=NO_EVAL``, ``minutes=1``)."""
     import yaml
 
     from rlfleet.learner_config import load_learner_config, updated
@@ -154,7 +155,7 @@ def learner_config(stack: LocalStack, tmp_path: Path, run: str, model_dir: Path 
                                   "sync_address": stack.sync_address,
                                   "runs_root": stack.runs_root, "min_replicas": 1,
                                   **(fleet or {})}},
-                  replace=sections)
+                  replace={"minutes": None, **sections})
     path = tmp_path / f"{run}.yaml"
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_unset=True)))
     return path

@@ -244,7 +244,14 @@ class LearnerConfig(ClosedModel):
     run: str = Field("local", description="the run's name: its directory under the runs "
                      "root (RLFLEET_RUN in a deployment)")
     seed: int = Field(0, description="the run's seed")
-    steps: int = Field(20, ge=0, description="GRPO steps to train")
+    steps: int = Field(20, ge=0, description="GRPO steps to train (with `minutes`: the most)")
+    minutes: float | None = Field(
+        None, gt=0, le=7 * 24 * 60, description="a wall-clock budget for the steps (their "
+        "curve evaluations included; the evaluations before the first step and after the "
+        "last are outside it): once, after the first curve evaluation (or after "
+        "5 steps without one), the learner plans how many steps fit, at most "
+        "`steps`, and the cosine schedule decays over those; a resumed run keeps its plan (one "
+        "resumed before it plans from its own first step). None: `steps` steps")
     mode: Literal["sync", "async"] = Field(
         "sync", description="sync: each new version is waited for (fleet.min_replicas) "
         "before the next step's rollouts; async: groups keep playing while a step trains, "
@@ -289,6 +296,9 @@ class LearnerConfig(ClosedModel):
                 "grpo.temperature)")
         if self.deterministic and self.mode != "sync":
             raise ValueError("deterministic runs need mode: sync")
+        if self.deterministic and self.minutes is not None:
+            raise ValueError("deterministic runs cannot have a time budget (minutes): the "
+                             "steps it plans depend on the machine's speed")
         self._check_device()
         return self
 

@@ -17,7 +17,8 @@ from rlfleet.fleet import ReplicaDirectory, connect
 from rlfleet.local.forkserver import ForkedProcess, popen
 from rlfleet.local.procs import ProcessGroup
 from rlfleet.local.stack import LocalStack, start_stack
-from rlfleet.storage import RunsRoot, latest_complete_checkpoint, list_versions
+from rlfleet.storage import RunsRoot, latest_complete_checkpoint, list_versions, load_checkpoint
+from rlfleet_learner.budget import PLAN_AFTER_STEPS
 from tests import factories
 from tests.factories import NO_EVAL, SFT
 from tests.unit.test_learner_tensorboard import expected_scalars, read_event_scalars
@@ -135,3 +136,34 @@ def test_killed_and_resumed_run_is_bit_identical(stack: LocalStack, tmp_path: Pa
     first = stack.runs_root / "det-a" / "checkpoints" / "step_000001"
     assert (first / "adapter_model.safetensors").read_bytes() != \
         (a / "adapter_model.safetensors").read_bytes()
+
+
+def test_a_time_budget_plans_the_run_and_a_resume_keeps_the_plan(stack: LocalStack,
+                                                                  tmp_path: Path) -> None:
+    # A budget the first steps already spend: planned after PLAN_AFTER_STEPS steps (no
+    # curve evaluations), it ends the run there, far short of the config's 50 steps.
+    stack.add_replica("budget", run="budget")
+    config = learner_config(stack, tmp_path, "budget", SFT, steps=50, minutes=0.001,
+                            eval=NO_EVAL)
+    proc = learner(config)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out
+    metrics = stack.runs_root / "budget" / "metrics.jsonl"
+    events = [json.loads(line) for line in metrics.read_text().splitlines()]
+    planned = [e for e in events if e["event"] == "planned"]
+    assert len(planned) == 1 and planned[0]["step"] == planned[0]["steps"] == PLAN_AFTER_STEPS
+    assert planned[0]["max_steps"] == 50 and planned[0]["seconds_per_step"] > 0
+    assert [e["step"] for e in events if e["event"] == "step"] == \
+        list(range(1, PLAN_AFTER_STEPS + 1))
+    assert events[-1]["event"] == "end" and events[-1]["step"] == PLAN_AFTER_STEPS
+    last = load_checkpoint(latest_complete_checkpoint(RunsRoot(stack.runs_root), "budget"))
+    assert last.step == PLAN_AFTER_STEPS
+    assert last.data_cursor["planned_steps"] == PLAN_AFTER_STEPS
+    # resumed with more steps allowed, the run keeps its plan: it is done, nothing trains
+    proc = learner(config, "--resume", "auto", "--steps", "60")
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out
+    events = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [e["step"] for e in events if e["event"] == "step"] == \
+        list(range(1, PLAN_AFTER_STEPS + 1))
+    assert len([e for e in events if e["event"] == "planned"]) == 1

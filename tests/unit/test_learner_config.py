@@ -39,6 +39,9 @@ def test_production_config_matches_the_reference() -> None:
     {"grpo": {"clip_low": -0.5}},
     {"grpo": {"policy_loss": "nope"}},
     {"mode": "async", "deterministic": True},
+    {"minutes": 0},
+    {"minutes": -5},
+    {"minutes": 10, "deterministic": True},  # the planned steps depend on the machine
     {"unknown_key": 1},
 ])
 def test_bad_values_are_refused(bad: dict, tmp_path: Path) -> None:

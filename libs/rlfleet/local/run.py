@@ -168,6 +168,13 @@ def targets_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def steps_line(steps: int, minutes: float | None) -> str:
+    """What the run will train: its steps, or its time budget's most."""
+    if minutes is None:
+        return f"{steps} GRPO steps"
+    return f"GRPO steps for {minutes:g} min (at most {steps})"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m rlfleet.local.run", description=__doc__,
                     formatter_class=DocHelpFormatter)
@@ -201,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = runs_root / run
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"rlfleet local run {run}: model {model_dir}, {args.replicas} rollout replicas, "
-          f"{cfg.steps} GRPO steps; output in {run_dir}", flush=True)
+          f"{steps_line(cfg.steps, cfg.minutes)}; output in {run_dir}", flush=True)
 
     interrupted = False
 
@@ -274,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
                           for k in SUMMARY_SETS if k in before and k in after},
         "per_step": step_breakdown(steps, evals),
         "calibration": calibration,
+        # the time budget's plan (config minutes): the steps it fixed and the pace it saw
+        "planned": next((e for e in events if e["event"] == "planned"), None),
         "pool_retries": end.get("pool_retries", {}),
         "curve": [{"step": e["step"], **{k: e[k]["solve_rate"]
                                          for k in ("eval", "heldout", "heldout_curve")

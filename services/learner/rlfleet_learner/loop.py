@@ -44,6 +44,7 @@ from rlfleet.storage import (
 )
 from rlfleet.storage.jsonl import append_json_line
 from rlfleet.v1 import rollout_pb2
+from rlfleet_learner.budget import PLANNED_STEPS_KEY, plan_due, planned_steps
 from rlfleet_learner.console import eval_table, step_line
 from rlfleet_learner.cursor import SeedCursor
 from rlfleet_learner.dynamic_sampling import NoSignalWatch, draw_groups
@@ -121,6 +122,7 @@ class State:
     history: list[dict] = field(default_factory=list)
     signal_trajectories: int = 0  # trained trajectories with a non-zero advantage
     train_seconds: float = 0.0  # wall time inside steps (evals excluded)
+    planned_steps: int | None = None  # where a time budget ends the run, once planned
 
 
 class Learner:
@@ -198,10 +200,15 @@ class Learner:
                                   "optimizer": ckpt.optimizer_state,
                                   "scheduler": ckpt.scheduler_state})
         cursor = ckpt.data_cursor
+        planned = cursor.get(PLANNED_STEPS_KEY) if self.cfg.minutes is not None else None
         self.state = State(step=ckpt.step,
                            cursor=SeedCursor.from_dict(self.cfg.data.size, cursor,
                                                          self.cfg.data.moves_band()),
-                           version=int(cursor["version"]), saved_step=ckpt.step)
+                           version=int(cursor["version"]), saved_step=ckpt.step,
+                           planned_steps=None if planned is None else int(planned))
+        # The checkpoint's schedule decays over the steps of the attempt that saved it; this
+        # one's may differ (--steps, a budget's plan).
+        self.trainers.set_horizon(self.horizon)
         restore_rng(ckpt.rng)  # last: building the trainers drew random numbers
         self._event("resumed", checkpoint=str(path), step=ckpt.step)
 
@@ -214,7 +221,9 @@ class Learner:
             self.root, self.cfg.run, self.state.step,
             adapter_state=state["adapter"], optimizer_state=state["optimizer"],
             scheduler_state=state["scheduler"],
-            data_cursor={**self.state.cursor.to_dict(), "version": self.state.version},
+            data_cursor={**self.state.cursor.to_dict(), "version": self.state.version,
+                         **({} if self.state.planned_steps is None
+                            else {PLANNED_STEPS_KEY: self.state.planned_steps})},
             metrics=self.state.history[-1] if self.state.history else {},
             rng=capture_rng())
         self.state.saved_step = self.state.step
@@ -389,13 +398,18 @@ class Learner:
                              max_in_flight=cfg.fleet.max_groups_in_flight,
                              max_queued=cfg.data.groups_per_step
                              * (cfg.grpo.max_staleness + 1))
+        first_step, steps_started = self.state.step, time.perf_counter()
         try:
-            while self.state.step < cfg.steps and not self.stop.is_set():
+            while self.state.step < self.horizon and not self.stop.is_set():
                 if not self._one_step(feed):
                     break  # stopped while waiting for rollouts: the step is abandoned
                 if cfg.eval.every and self.state.step % cfg.eval.every == 0 \
-                        and self.state.step < cfg.steps:
+                        and self.state.step < self.horizon:
                     evals.append(self.evaluate(heldout_only=cfg.eval.curve_heldout))
+                if cfg.minutes is not None and self.state.planned_steps is None \
+                        and plan_due(self.state.step - first_step, cfg.eval.every):
+                    self._plan(self.state.step - first_step,
+                               time.perf_counter() - steps_started)
                 if cfg.checkpoint.every and self.state.step % cfg.checkpoint.every == 0:
                     self._checkpoint()
         finally:
@@ -509,9 +523,32 @@ class Learner:
         GRAD_NORM.set(doc["grad_norm"])
         for phase, seconds in phases.items():
             STEP_SECONDS.labels(phase).observe(seconds)
-        report_progress("step", {**doc, "steps": self.cfg.steps},
-                        lambda: step_line(doc, self.cfg.steps))
+        report_progress("step", {**doc, "steps": self.horizon},
+                        lambda: step_line(doc, self.horizon))
         return True
+
+    @property
+    def horizon(self) -> int:
+        """The step the run ends at: its time budget's plan, else its steps."""
+        planned = self.state.planned_steps
+        return self.cfg.steps if planned is None else planned
+
+    def _plan(self, steps_done: int, elapsed_s: float) -> None:
+        """Fixes how many steps the time budget holds (at most cfg.steps) and decays the
+        schedule over them; said once, with the pace it was planned from."""
+        cfg = self.cfg
+        assert cfg.minutes is not None
+        planned = planned_steps(self.state.step, steps_done, elapsed_s, cfg.minutes * 60,
+                                cfg.steps)
+        self.state.planned_steps = planned
+        self.trainers.set_horizon(planned)
+        per_step = elapsed_s / steps_done
+        doc = self._event("planned", step=self.state.step, steps=planned,
+                          max_steps=cfg.steps, minutes=cfg.minutes,
+                          seconds_per_step=round(per_step, 3))
+        log.info(f"time budget: {planned} steps fit in {cfg.minutes:g} min at "
+                 f"{per_step:.2f} s a step (evaluations included; at most {cfg.steps})",
+                 extra={k: v for k, v in doc.items() if k not in ("event", "time")})
 
     def _check_reward(self, fields: dict) -> None:
         """Once: a step scored by another reward than the recipe's (cfg.reward)."""

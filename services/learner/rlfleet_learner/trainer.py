@@ -35,6 +35,25 @@ VISION_CACHE_BYTES = 64 << 20
 
 
 @dataclass
+class LRFactor:
+    """The learning rate's multiplier after `step` steps: a linear warm-up over `warmup`
+    steps, then 1 or (`cosine`) a cosine decay that reaches 0 at `horizon` steps. The
+    horizon is the run's steps, or the steps its time budget planned (`set_horizon`)."""
+
+    warmup: int
+    horizon: int
+    cosine: bool
+
+    def __call__(self, step: int) -> float:
+        if self.warmup and step < self.warmup:
+            return (step + 1) / self.warmup
+        if self.cosine and self.horizon > self.warmup:
+            progress = (step - self.warmup) / max(1, self.horizon - self.warmup)
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        return 1.0
+
+
+@dataclass
 class StepResult:
     stats: dict[str, float]
     grad_norm: float
@@ -67,17 +86,14 @@ class PolicyTrainer:
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=o.betas,
                                            weight_decay=o.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.lr_factor = LRFactor(o.warmup_steps, cfg.steps, o.schedule == "cosine")
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.lr_factor)
         self.pad_id = int(self.processor.tokenizer.pad_token_id or 0)
 
-    def _lr_factor(self, step: int) -> float:
-        o = self.cfg.optim
-        if o.warmup_steps and step < o.warmup_steps:
-            return (step + 1) / o.warmup_steps
-        if o.schedule == "cosine" and self.cfg.steps > o.warmup_steps:
-            progress = (step - o.warmup_steps) / max(1, self.cfg.steps - o.warmup_steps)
-            return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-        return 1.0
+    def set_horizon(self, steps: int) -> None:
+        """The schedule decays to 0 at `steps` from now on (the next step's rate is the
+        first to follow it: the current one was set by the last step)."""
+        self.lr_factor.horizon = steps
 
     # -- one update ------------------------------------------------------------------
 

@@ -96,6 +96,9 @@ class TrainWorker:
     def lr(self) -> float:
         return float(self.trainer.optimizer.param_groups[0]["lr"])
 
+    def set_horizon(self, steps: int) -> None:
+        self.trainer.set_horizon(steps)
+
     def pad_id(self) -> int:
         return self.trainer.pad_id
 
@@ -229,6 +232,10 @@ class TrainerGroup:
 
     def lr(self) -> float:
         return ray.get(self.workers[0].lr.remote())
+
+    def set_horizon(self, steps: int) -> None:
+        """Every rank's schedule decays to 0 at `steps` (a time budget's plan)."""
+        ray.get([w.set_horizon.remote(steps) for w in self.workers])
 
     def close(self) -> None:
         for w in self.workers:
