@@ -248,10 +248,10 @@ class LearnerConfig(ClosedModel):
     minutes: float | None = Field(
         None, gt=0, le=7 * 24 * 60, description="a wall-clock budget for the steps (their "
         "curve evaluations included; the evaluations before the first step and after the "
-        "last are outside it): once, after the first curve evaluation (or after "
-        "5 steps without one), the learner plans how many steps fit, at most "
-        "`steps`, and the cosine schedule decays over those; a resumed run keeps its plan (one "
-        "resumed before it plans from its own first step). None: `steps` steps")
+        "last are outside it): after each curve evaluation (every 5 steps without them) "
+        "the learner plans, from the pace since the last plan, how many steps fit, at "
+        "most `steps`, and the cosine schedule decays over those; a resumed run goes on "
+        "with its plan and the budget it has spent. None: `steps` steps")
     mode: Literal["sync", "async"] = Field(
         "sync", description="sync: each new version is waited for (fleet.min_replicas) "
         "before the next step's rollouts; async: groups keep playing while a step trains, "

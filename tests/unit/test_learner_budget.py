@@ -12,28 +12,30 @@ from rlfleet_learner.budget import PLAN_AFTER_STEPS, plan_due, planned_steps
 from rlfleet_learner.trainer import LRFactor
 
 
-def test_the_plan_is_due_after_the_first_curve_point_or_a_few_steps() -> None:
+def test_a_plan_is_due_after_each_curve_point_or_a_few_steps() -> None:
     assert not plan_due(19, eval_every=20) and plan_due(20, eval_every=20)
     assert not plan_due(PLAN_AFTER_STEPS - 1, eval_every=0)
     assert plan_due(PLAN_AFTER_STEPS, eval_every=0)
 
 
-def test_planned_steps_fit_the_budget_at_the_pace_so_far() -> None:
-    # 20 steps took 60 s (3 s a step) of a 600 s budget: 540 s left hold 180 more
-    assert planned_steps(20, 20, 60.0, 600.0, max_steps=1000) == 200
-    # a resumed attempt: its 10 steps (31..40) took 50 s; 550 s left hold 110 more
-    assert planned_steps(40, 10, 50.0, 600.0, max_steps=1000) == 150
+def test_planned_steps_fit_the_budget_left_at_the_recent_pace() -> None:
+    # at step 20, 60 s of 600 spent, 3 s a step: 540 s left hold 180 more
+    assert planned_steps(20, 3.0, 60.0, 600.0, max_steps=1000) == 200
+    # later, faster: at step 100, 400 s spent, 2 s a step: 200 s hold 100 more
+    assert planned_steps(100, 2.0, 400.0, 600.0, max_steps=1000) == 200
     # 3.05 s a step: 539 s left hold 176.7 more, and a part step does not fit
-    assert planned_steps(20, 20, 61.0, 600.0, max_steps=1000) == 196
+    assert planned_steps(20, 3.05, 61.0, 600.0, max_steps=1000) == 196
     # never past the config's steps
-    assert planned_steps(20, 20, 60.0, 600.0, max_steps=120) == 120
+    assert planned_steps(20, 3.0, 60.0, 600.0, max_steps=120) == 120
     # a budget already spent ends the run at the step it has reached
-    assert planned_steps(20, 20, 700.0, 600.0, max_steps=1000) == 20
+    assert planned_steps(20, 3.0, 700.0, 600.0, max_steps=1000) == 20
+    # no measurable pace: the config's steps
+    assert planned_steps(20, 0.0, 60.0, 600.0, max_steps=120) == 120
 
 
-@pytest.mark.parametrize("bad", [(20, 0, 60.0, 600.0), (20, 5, -1.0, 600.0),
-                                 (20, 5, 60.0, 0.0)])
-def test_planned_steps_refuse_what_is_not_a_pace(bad: tuple) -> None:
+@pytest.mark.parametrize("bad", [(20, -1.0, 60.0, 600.0), (20, 3.0, -1.0, 600.0),
+                                 (20, 3.0, 60.0, 0.0)])
+def test_planned_steps_refuse_what_is_not_a_budget(bad: tuple) -> None:
     with pytest.raises(ValueError):
         planned_steps(*bad, max_steps=100)
 

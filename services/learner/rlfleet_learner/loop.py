@@ -44,7 +44,12 @@ from rlfleet.storage import (
 )
 from rlfleet.storage.jsonl import append_json_line
 from rlfleet.v1 import rollout_pb2
-from rlfleet_learner.budget import PLANNED_STEPS_KEY, plan_due, planned_steps
+from rlfleet_learner.budget import (
+    BUDGET_SPENT_KEY,
+    PLANNED_STEPS_KEY,
+    plan_due,
+    planned_steps,
+)
 from rlfleet_learner.console import eval_table, step_line
 from rlfleet_learner.cursor import SeedCursor
 from rlfleet_learner.dynamic_sampling import NoSignalWatch, draw_groups
@@ -123,6 +128,7 @@ class State:
     signal_trajectories: int = 0  # trained trajectories with a non-zero advantage
     train_seconds: float = 0.0  # wall time inside steps (evals excluded)
     planned_steps: int | None = None  # where a time budget ends the run, once planned
+    budget_spent_s: float = 0.0  # of the time budget, by the attempts before this one
 
 
 class Learner:
@@ -152,6 +158,7 @@ class Learner:
         self.state = State(cursor=SeedCursor(cfg.data.size, moves=cfg.data.moves_band()))
         self.no_signal = NoSignalWatch()
         self._reward_warned = False
+        self._attempt_started: float | None = None  # when this attempt's steps began
         checkpoint = self._find_checkpoint(resume)
         # Said before the model loads (minutes on a big one): which attempt this is.
         log.info(start_line(cfg.run, resume, checkpoint.step if checkpoint else None,
@@ -200,12 +207,15 @@ class Learner:
                                   "optimizer": ckpt.optimizer_state,
                                   "scheduler": ckpt.scheduler_state})
         cursor = ckpt.data_cursor
-        planned = cursor.get(PLANNED_STEPS_KEY) if self.cfg.minutes is not None else None
+        budget = self.cfg.minutes is not None
+        planned = cursor.get(PLANNED_STEPS_KEY) if budget else None
         self.state = State(step=ckpt.step,
                            cursor=SeedCursor.from_dict(self.cfg.data.size, cursor,
                                                          self.cfg.data.moves_band()),
                            version=int(cursor["version"]), saved_step=ckpt.step,
-                           planned_steps=None if planned is None else int(planned))
+                           planned_steps=None if planned is None else int(planned),
+                           budget_spent_s=float(cursor.get(BUDGET_SPENT_KEY, 0.0))
+                           if budget else 0.0)
         # The checkpoint's schedule decays over the steps of the attempt that saved it; this
         # one's may differ (--steps, a budget's plan).
         self.trainers.set_horizon(self.horizon)
@@ -222,8 +232,7 @@ class Learner:
             adapter_state=state["adapter"], optimizer_state=state["optimizer"],
             scheduler_state=state["scheduler"],
             data_cursor={**self.state.cursor.to_dict(), "version": self.state.version,
-                         **({} if self.state.planned_steps is None
-                            else {PLANNED_STEPS_KEY: self.state.planned_steps})},
+                         **self._budget_cursor()},
             metrics=self.state.history[-1] if self.state.history else {},
             rng=capture_rng())
         self.state.saved_step = self.state.step
@@ -398,7 +407,8 @@ class Learner:
                              max_in_flight=cfg.fleet.max_groups_in_flight,
                              max_queued=cfg.data.groups_per_step
                              * (cfg.grpo.max_staleness + 1))
-        first_step, steps_started = self.state.step, time.perf_counter()
+        self._attempt_started = last_plan_time = time.perf_counter()
+        last_plan_step = self.state.step
         try:
             while self.state.step < self.horizon and not self.stop.is_set():
                 if not self._one_step(feed):
@@ -406,10 +416,11 @@ class Learner:
                 if cfg.eval.every and self.state.step % cfg.eval.every == 0 \
                         and self.state.step < self.horizon:
                     evals.append(self.evaluate(heldout_only=cfg.eval.curve_heldout))
-                if cfg.minutes is not None and self.state.planned_steps is None \
-                        and plan_due(self.state.step - first_step, cfg.eval.every):
-                    self._plan(self.state.step - first_step,
-                               time.perf_counter() - steps_started)
+                if cfg.minutes is not None and \
+                        plan_due(self.state.step - last_plan_step, cfg.eval.every):
+                    now = time.perf_counter()
+                    self._plan((now - last_plan_time) / (self.state.step - last_plan_step))
+                    last_plan_step, last_plan_time = self.state.step, now
                 if cfg.checkpoint.every and self.state.step % cfg.checkpoint.every == 0:
                     self._checkpoint()
         finally:
@@ -533,21 +544,39 @@ class Learner:
         planned = self.state.planned_steps
         return self.cfg.steps if planned is None else planned
 
-    def _plan(self, steps_done: int, elapsed_s: float) -> None:
-        """Fixes how many steps the time budget holds (at most cfg.steps) and decays the
-        schedule over them; said once, with the pace it was planned from."""
+    def _budget_spent_s(self) -> float:
+        """Seconds of the time budget spent: by earlier attempts, and by this one's
+        steps so far."""
+        started = self._attempt_started
+        return self.state.budget_spent_s + (
+            0.0 if started is None else time.perf_counter() - started)
+
+    def _budget_cursor(self) -> dict:
+        """What a checkpoint keeps of the time budget (nothing without one)."""
+        if self.cfg.minutes is None:
+            return {}
+        return {BUDGET_SPENT_KEY: round(self._budget_spent_s(), 3),
+                **({} if self.state.planned_steps is None
+                   else {PLANNED_STEPS_KEY: self.state.planned_steps})}
+
+    def _plan(self, seconds_per_step: float) -> None:
+        """How many steps the time budget holds at the recent pace (at most cfg.steps):
+        the loop's end and the schedule's horizon, said with the pace and the budget
+        spent."""
         cfg = self.cfg
         assert cfg.minutes is not None
-        planned = planned_steps(self.state.step, steps_done, elapsed_s, cfg.minutes * 60,
+        spent = self._budget_spent_s()
+        planned = planned_steps(self.state.step, seconds_per_step, spent, cfg.minutes * 60,
                                 cfg.steps)
         self.state.planned_steps = planned
         self.trainers.set_horizon(planned)
-        per_step = elapsed_s / steps_done
         doc = self._event("planned", step=self.state.step, steps=planned,
                           max_steps=cfg.steps, minutes=cfg.minutes,
-                          seconds_per_step=round(per_step, 3))
+                          seconds_per_step=round(seconds_per_step, 3),
+                          spent_s=round(spent, 1))
         log.info(f"time budget: {planned} steps fit in {cfg.minutes:g} min at "
-                 f"{per_step:.2f} s a step (evaluations included; at most {cfg.steps})",
+                 f"{seconds_per_step:.2f} s a step ({spent / 60:.1f} min spent; evaluations "
+                 f"included; at most {cfg.steps})",
                  extra={k: v for k, v in doc.items() if k not in ("event", "time")})
 
     def _check_reward(self, fields: dict) -> None:
