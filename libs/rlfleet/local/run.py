@@ -281,8 +281,8 @@ def main(argv: list[str] | None = None) -> int:
                           for k in SUMMARY_SETS if k in before and k in after},
         "per_step": step_breakdown(steps, evals),
         "calibration": calibration,
-        # the time budget's plan (config minutes): the steps it fixed and the pace it saw
-        "planned": next((e for e in events if e["event"] == "planned"), None),
+        # the time budget's last plan (config minutes): the steps it fixed, the pace it saw
+        "planned": next((e for e in reversed(events) if e["event"] == "planned"), None),
         "pool_retries": end.get("pool_retries", {}),
         "curve": [{"step": e["step"], **{k: e[k]["solve_rate"]
                                          for k in ("eval", "heldout", "heldout_curve")

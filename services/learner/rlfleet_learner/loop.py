@@ -213,7 +213,8 @@ class Learner:
                            cursor=SeedCursor.from_dict(self.cfg.data.size, cursor,
                                                          self.cfg.data.moves_band()),
                            version=int(cursor["version"]), saved_step=ckpt.step,
-                           planned_steps=None if planned is None else int(planned),
+                           planned_steps=None if planned is None
+                           else min(int(planned), self.cfg.steps),  # a lower --steps holds
                            budget_spent_s=float(cursor.get(BUDGET_SPENT_KEY, 0.0))
                            if budget else 0.0)
         # The checkpoint's schedule decays over the steps of the attempt that saved it; this
