@@ -145,7 +145,8 @@ def test_a_time_budget_plans_the_run_and_a_resume_keeps_the_plan(stack: LocalSta
     stack.add_replica("budget", run="budget")
     config = learner_config(stack, tmp_path, "budget", SFT, steps=50, minutes=0.001,
                             eval=NO_EVAL)
-    proc = learner(config)
+    # factories.learner_process: a learner this test leaves running if it fails is killed
+    proc = factories.learner_process(config)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out
     metrics = stack.runs_root / "budget" / "metrics.jsonl"
@@ -162,7 +163,7 @@ def test_a_time_budget_plans_the_run_and_a_resume_keeps_the_plan(stack: LocalSta
     # saved after the plan (the record rounds to 0.1 s, the checkpoint to 1 ms)
     assert round(last.data_cursor["budget_spent_s"], 1) >= planned[0]["spent_s"] > 0.06
     # resumed with more steps allowed, the run keeps its plan: it is done, nothing trains
-    proc = learner(config, "--resume", "auto", "--steps", "60")
+    proc = factories.learner_process(config, steps=60)  # --resume auto
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out
     events = [json.loads(line) for line in metrics.read_text().splitlines()]
