@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from rlfleet.local.plots import learning_curve
-from rlfleet.local.run import _table
+from rlfleet.local.run import _table, curve_climb, targets_table
 from rlfleet.maze.difficulty import band, shortest_moves
 from rlfleet.maze.tasks import HELDOUT_SEEDS
 from rlfleet_learner.evaluation import by_length
@@ -55,3 +55,20 @@ def test_the_learning_curve_has_the_bands_panel(tmp_path: Path) -> None:
     assert (width, height) == (800, 1000)  # three panels; two without band results
     plain = learning_curve(steps, [], tmp_path / "plain.png")
     assert matplotlib.image.imread(plain).shape[:2] == (700, 800)
+
+
+def test_the_targets_table_has_the_done_when_lines_of_the_default() -> None:
+    # curve points hold the 128 curve mazes as `heldout`; the full evals as `heldout_curve`
+    curve = [{"step": 0, "heldout": 0.42, "heldout_curve": 0.45}, {"step": 20, "heldout": 0.5},
+             {"step": 40, "heldout": 0.625}, {"step": 60, "heldout": 0.7},
+             {"step": 73, "heldout": 0.75, "heldout_curve": 0.6875}]
+    assert curve_climb(curve) == 6.2  # 68.75 - 62.5
+    assert curve_climb(curve[:3]) is None  # no point after step 40
+    assert curve_climb(curve[:2]) is None  # none at step 40
+    after = {"heldout": summary(256, 0.75), "heldout_moves_ge12": summary(29, 0.2)}
+    table = targets_table({"change_points": {"heldout": 33.0}, "wall_clock_s": 600.0,
+                           "per_step": {}, "after": after, "curve": curve})
+    rows = {line[:38].strip(): line[38:].split() for line in table.splitlines()[1:]}
+    assert rows["held-out greedy true solve, end"] == ["75.0%", ">=", "65%", "yes"]
+    assert rows["held-out >= 12 moves, end"] == ["20.0%", ">=", "25%", "NO"]
+    assert rows["128-maze curve, last - step 40"] == ["+6.2", "pt", ">=", "+5", "pt", "yes"]
