@@ -24,6 +24,7 @@ import yaml
 
 from bench.common import write_results
 from rlfleet.config import merged
+from rlfleet.local.run import curve_rate
 from rlfleet.maze.difficulty import BANDS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,8 +62,7 @@ def run_case(name: str, changes: dict, work: Path) -> dict:
            "heldout_start": before["heldout"]["solve_rate"],
            "heldout_end": after["heldout"]["solve_rate"],
            "se": after["heldout"]["solve_rate_se"],
-           "curve": " ".join(f"{p['step']}:{100 * p.get('heldout_curve', p['heldout']):.0f}"
-                             for p in summary["curve"]),
+           "curve": " ".join(f"{p['step']}:{100 * curve_rate(p):.0f}" for p in summary["curve"]),
            "minutes": round(summary["wall_clock_s"] / 60, 1)}
     for key, *_ in BANDS:
         if f"heldout_{key}" in after:

@@ -118,16 +118,20 @@ CURVE_FROM_STEP = 40
 CURVE_CLIMB_TARGET = 5.0
 
 
+def curve_rate(point: dict) -> float:
+    """The learning curve's solve rate at one point of summary.json's `curve`: a full
+    evaluation holds the curve's held-out subset as `heldout_curve`, a curve point as
+    `heldout`."""
+    return point.get("heldout_curve", point["heldout"])
+
+
 def curve_climb(curve: list[dict]) -> float | None:
     """Points the 128-maze curve gained from step CURVE_FROM_STEP to its last point; None
     when the run has no point at that step or none after it."""
-    def rate(point: dict) -> float:  # a full eval's 128 are `heldout_curve`, a point's `heldout`
-        return point.get("heldout_curve", point["heldout"])
-
     start = next((p for p in curve if p["step"] == CURVE_FROM_STEP), None)
     if start is None or curve[-1]["step"] <= CURVE_FROM_STEP:
         return None
-    return round(100 * (rate(curve[-1]) - rate(start)), 1)
+    return round(100 * (curve_rate(curve[-1]) - curve_rate(start)), 1)
 
 
 def step_breakdown(steps: list[dict], evals: list[dict]) -> dict:
@@ -159,11 +163,11 @@ def targets_table(summary: dict) -> str:
     ends = (("heldout", "held-out greedy true solve, end", HELDOUT_END_TARGET),
             ("heldout_moves_ge12", "held-out >= 12 moves, end", LONG_END_TARGET))
     for key, label, target in ends:
-        end = summary.get("after", {}).get(key)
+        end = summary["after"].get(key)
         if end is not None:
             rate = 100 * end["solve_rate"]
             rows.append((label, f"{rate:.1f}%", f">= {target:.0f}%", rate >= target))
-    climb = curve_climb(summary.get("curve", []))
+    climb = curve_climb(summary["curve"])
     if climb is not None:
         rows.append((f"128-maze curve, last - step {CURVE_FROM_STEP}", f"{climb:+.1f} pt",
                      f">= +{CURVE_CLIMB_TARGET:.0f} pt", climb >= CURVE_CLIMB_TARGET))
