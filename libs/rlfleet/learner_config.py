@@ -170,6 +170,11 @@ class EvalConfig(ClosedModel):
         0, ge=0, description="the periodic evals (every N steps) play only the first N "
         "held-out mazes, so the learning curve gets points cheaply; 0: both full sets, as "
         "at the start and end")
+    accept_turn_cap: bool = Field(
+        False, description="evaluate even when data.max_turns leaves some eval or held-out "
+        "mazes unsolvable (their shortest solution + the stop is longer): the learner then "
+        "warns and every eval table states the cap; false: the learner refuses to start, "
+        "naming how many mazes and the limit they need")
 
     @model_validator(mode="after")
     def _fits_the_seed_split(self) -> EvalConfig:
@@ -252,6 +257,14 @@ class LearnerConfig(ClosedModel):
         "the learner plans, from the pace since the last plan, how many steps fit, at "
         "most `steps`, and the cosine schedule decays over those; a resumed run goes on "
         "with its plan and the budget it has spent. None: `steps` steps")
+    @field_validator("run")
+    @classmethod
+    def _run_name(cls, value: str) -> str:
+        # the run names a directory under the runs root: refused here, at load, before
+        # anything is started or written (rlfleet.storage.paths holds the one rule)
+        from rlfleet.storage.paths import validate_run_name
+
+        return validate_run_name(value)  # InvalidRunName is a ValueError
     mode: Literal["sync", "async"] = Field(
         "sync", description="sync: each new version is waited for (fleet.min_replicas) "
         "before the next step's rollouts; async: groups keep playing while a step trains, "
@@ -267,6 +280,17 @@ class LearnerConfig(ClosedModel):
         "`make run` starts its fleet's reward service with it (in a cluster the chart's "
         "values choose); the learner warns once when a step was scored by another. None: "
         "whatever the fleet serves")
+    lease_s: float = Field(
+        30, gt=0, le=3600, description="the learner's lease on its run (one learner per "
+        "run): renewed every quarter of this; a second learner is refused while it is "
+        "renewed, and takes the run over once it has not been for this long (its holder "
+        "died or was cut off) or at once when the holder, on the same machine, is gone")
+    resume_allow_changes: tuple[Literal["model", "lora", "task"], ...] = Field(
+        (), description="what a resume may change from its checkpoint: model (the base "
+        "model's weights), lora (alpha; rank and target modules never: the adapter's "
+        "shapes), task (task, size, context); any other difference refuses the resume "
+        "before Ray starts, naming it. An allowed change is recorded in metrics.jsonl "
+        "(event resume_changes)")
     model: ModelConfig = Field(ModelConfig(), description="the policy and its LoRA")
     data: DataConfig = Field(DataConfig(), description="the episodes a step trains on")
     grpo: GRPOConfig = Field(
@@ -330,6 +354,7 @@ ENV_ALIASES = {
     "RLFLEET_TLS_CLIENT_CA": "tls.client_ca",
     "RLFLEET_TLS_CERT": "tls.cert",
     "RLFLEET_TLS_KEY": "tls.key",
+    "RLFLEET_TLS_IP_SERVER_NAME": "tls.ip_server_name",
 }
 
 

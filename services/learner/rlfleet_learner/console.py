@@ -19,7 +19,7 @@ from typing import IO, Any
 
 from rlfleet.logs import JsonFormatter, is_library_logger, setup_logging
 from rlfleet.maze.difficulty import BANDS
-from rlfleet.storage import PathOutsideRunsRoot, RunsRoot
+from rlfleet.storage import PathOutsideRunsRoot, RunsRoot, validate_run_name
 
 CONSOLE_ATTR = "_console"  # a record's human rendering: a callable returning the text
 PHASES = ("rollout", "score", "update", "publish")
@@ -51,6 +51,9 @@ def eval_table(doc: Mapping[str, Any]) -> str:
                      f"{100 * s.get('solve_rate_se', 0.0):>6.1f}%"
                      f"{100 * s.get('pass_at_1', 0.0):>7.1f}%"
                      f"{s.get('mean_turns', 0.0):>7.1f}")
+    lines.append("  solved: stopped on the target (true solve); pass@1: reward > 0 (the "
+                 "published seed run's metric)")
+    lines.extend(f"  turn cap: {cap}" for cap in doc.get("turn_caps", ()))
     return "\n".join(lines)
 
 
@@ -89,10 +92,12 @@ class ConsoleHandler(logging.Handler):
 
 def learner_log_file(runs_root: str | Path, run: str) -> Path | None:
     """Where a human console's learner writes its JSON lines: beside the run's other
-    logs (`make run` keeps its services' logs in the same directory). None for a run
-    name the runs root refuses (the learner then says why, on the console)."""
+    logs (`make run` keeps its services' logs in the same directory). The whole path
+    goes through the runs root's containment check, so a `logs` directory (or a
+    `learner.log`) that is a symlink out of the root is not followed. None for a run name
+    or a path the runs root refuses (the JSON lines then stay on stderr)."""
     try:
-        return RunsRoot(runs_root).run_dir(run) / "logs" / "learner.log"
+        return RunsRoot(runs_root).resolve(f"{validate_run_name(run)}/logs/learner.log")
     except (PathOutsideRunsRoot, ValueError):
         return None
 

@@ -250,8 +250,24 @@ def _follow(client: Any, job_id: str, out: Any) -> None:
 
 # -- the commands -------------------------------------------------------------------------
 
+def check_run_names(args: argparse.Namespace, config_text: str) -> None:
+    """The run names the job would carry (--run, the config's `run`), refused here by the
+    runs root's rule before anything is submitted."""
+    from rlfleet.storage.paths import InvalidRunName, validate_run_name
+
+    named = yaml.safe_load(config_text).get("run")
+    for where, run in (("--run", args.run), (f"{args.config}: run", named)):
+        if run is None:
+            continue
+        try:
+            validate_run_name(run)
+        except InvalidRunName as exc:
+            raise SubmitError(f"{where}: {exc}") from None
+
+
 def _submit(args: argparse.Namespace) -> int:
     config_text = read_config(args.config)
+    check_run_names(args, config_text)
     token = fleet_token(args)
     client = connect(args)
     with tempfile.TemporaryDirectory(prefix="rlfleet-submit-") as tmp:
