@@ -73,7 +73,7 @@ RUN python3 -m venv --system-site-packages /opt/venv \
 COPY scripts/images/entrypoint.sh ./
 # The shipped SFT checkpoint of the tiny policy (4 MB): the local profile's model
 # (values-local.yaml `model`), the start `make run` trains from.
-COPY checkpoints/tiny-sft /opt/rlfleet/models/tiny-sft
+COPY warm-starts/tiny-sft /opt/rlfleet/models/tiny-sft
 ARG SERVICE
 ENV RLFLEET_SERVICE=${SERVICE}
 COPY --from=wheel /dist /opt/rlfleet/dist

@@ -7,14 +7,16 @@ export RLFLEET_CACHE ?= $(HOME)/.cache/rlfleet
 PROTOS := $(wildcard protos/rlfleet/v1/*.proto)
 STUBS := $(patsubst protos/rlfleet/v1/%.proto,libs/rlfleet/v1/%_pb2.py,$(PROTOS))
 
-.PHONY: help setup venv system proto vllm-venv run test bench baseline lint lock clean
+.PHONY: help setup venv system proto vllm-venv run test bench results policy-bounds lint lock clean
 
 help:
 	@echo "make run           the main job on the local default (tiny model, CPU)"
 	@echo "make run CONFIG=F  the same with another learner config (configs/local-tiny-9x9.yaml)"
+	@echo "make run RECORD=N  ... and keep its figures as results/N.json"
+	@echo "make results       regenerate docs/results.md and the README's table from results/"
 	@echo "make test          the full test suite"
 	@echo "make bench         benchmarks (JSON + table under bench/results/)"
-	@echo "make baseline      the untrained policy's solve rates"
+	@echo "make policy-bounds the solve rates of a perfect (BFS) and a random player, no model"
 	@echo "make lint          ruff"
 	@echo "make proto         regenerate the gRPC stubs"
 	@echo "make lock          regenerate requirements.txt (the lock) from .venv"
@@ -47,9 +49,10 @@ setup: venv system proto
 vllm-venv: venv
 	@scripts/setup_vllm_venv.sh >/dev/null
 
-# CONFIG=configs/local-tiny-9x9.yaml runs another learner config (default: local-tiny.yaml)
+# CONFIG=configs/local-tiny-9x9.yaml runs another learner config (default: local-tiny.yaml);
+# RECORD=NAME keeps its figures as results/NAME.json (docs/results.md is made from them)
 run: setup
-	$(PYTHON) -m rlfleet.local.run $(if $(CONFIG),--config $(CONFIG))
+	$(PYTHON) -m rlfleet.local.run $(if $(CONFIG),--config $(CONFIG)) $(if $(RECORD),--record $(RECORD))
 
 # The suite on one pytest-xdist worker more than there are cores: much of a test's time is
 # spent waiting (services starting, heartbeats expiring, pods), and the extra worker fills
@@ -60,8 +63,8 @@ TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: setup vllm-venv helm-tools apiserver
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
-baseline: setup
-	$(PYTHON) -m rlfleet.local.baseline
+policy-bounds: setup
+	$(PYTHON) -m rlfleet.local.policy_bounds
 
 lock: venv
 	@scripts/lock.sh
@@ -70,7 +73,10 @@ lint: venv
 	$(PYTHON) -m ruff check libs services tests bench
 
 bench: setup
-	$(PYTHON) -m bench
+	$(PYTHON) -m bench $(if $(RECORD),--record $(RECORD)) $(BENCHES)
+
+results: venv
+	$(PYTHON) -m rlfleet.local.records
 
 clean:
 	rm -rf libs/rlfleet/v1/*_pb2*.py libs/rlfleet/v1/*_pb2*.pyi .pytest_cache

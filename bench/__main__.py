@@ -1,4 +1,6 @@
-"""`make bench`: runs every benchmark in turn (each writes bench/results/<name>.json)."""
+"""`make bench`: runs every benchmark in turn (each writes bench/results/<name>.json), or
+the ones named; `--record NAME` keeps each bench's result as the record
+results/NAME-<bench>.json (docs/results.md is made from the records)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,11 @@ import importlib
 import sys
 import time
 
-from bench.targets import print_targets
+import json
+
+from bench.common import RESULTS
+from bench.summary import limit_rows, print_summary
+from rlfleet.local import records
 
 BENCHES = [
     "bench.bench_env",
@@ -22,7 +28,14 @@ BENCHES = [
 ON_REQUEST = ["bench.bench_grpo_levers", "bench.bench_policy_probe"]
 
 
-def main(names: list[str]) -> int:
+def main(argv: list[str]) -> int:
+    names, record = list(argv), None
+    if "--record" in names:
+        at = names.index("--record")
+        if at + 1 >= len(names) or not records.NAME.match(names[at + 1]):
+            raise SystemExit("--record NAME: lower-case letters, digits, '.', '_' and '-'")
+        record = names[at + 1]
+        del names[at:at + 2]
     sys.argv[1:] = []  # the names are ours; a bench's own flags take their defaults
     chosen = [name if name.startswith("bench.") else f"bench.{name}" for name in names]
     unknown = [name for name in chosen if name not in BENCHES + ON_REQUEST]
@@ -34,8 +47,31 @@ def main(names: list[str]) -> int:
         start = time.perf_counter()
         importlib.import_module(name).main()
         print(f"=== {name} done in {time.perf_counter() - start:.0f}s", flush=True)
-    print_targets()
+        if record:
+            _record(record, name.removeprefix("bench."))
+    print_summary()
     return 0
+
+
+def _record(record: str, bench: str) -> None:
+    """The bench's JSON result as a record, with the limits it is held to."""
+    try:
+        result = json.loads((RESULTS / f"{bench}.json").read_text())
+    except (OSError, ValueError):
+        print(f"no result of {bench} to record", flush=True)
+        return
+    isolated = RESULTS / ".record"
+    isolated.mkdir(exist_ok=True)
+    (isolated / f"{bench}.json").write_text(json.dumps(result))
+    try:
+        limits = [{"what": w, "measured": m, "limit": lim, "met": met}
+                  for w, m, lim, met in limit_rows(isolated)]
+    finally:
+        (isolated / f"{bench}.json").unlink()
+    path = records.write_record(f"{record}-{bench.replace('_', '-')}", bench,
+                                f"make bench BENCHES={bench}",
+                                {"limits": limits, "result": result})
+    print(f"recorded as {path}", flush=True)
 
 
 if __name__ == "__main__":

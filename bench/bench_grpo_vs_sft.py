@@ -1,7 +1,7 @@
 """GRPO against SFT for the same compute, from the same start, on the same mazes.
 
 `make run` trains GRPO from an SFT checkpoint (the run's model.path: the shipped
-checkpoints/tiny-sft by default). Would more SFT, for the same CPU time, have done as well?
+warm-starts/tiny-sft by default). Would more SFT, for the same CPU time, have done as well?
 This bench continues that checkpoint's own SFT recipe (its sft_summary.json: context,
 agent aux, feedback aux, lr, batch) from that checkpoint for the CPU-seconds the GRPO
 run's steps took (their wall clock, evals not counted, times this machine's cores:

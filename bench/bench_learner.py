@@ -52,7 +52,7 @@ def replica_counter(urls: list[str], name: str) -> float:
 
 def run_mode(mode: str, work: Path, replicas: int = 2) -> dict:
     group = ProcessGroup(work / mode / "logs")
-    model = REPO / "checkpoints" / "tiny-sft"
+    model = REPO / "warm-starts" / "tiny-sft"
     stack = start_stack(work / mode, runs_root=work / mode / "runs", run=mode,
                         model_dir=model, replicas=replicas, group=group, log=lambda m: None)
     try:

@@ -34,7 +34,7 @@ from rlfleet.policy.loading import load_policy
 from rlfleet.sft.probe import probe_policy
 
 REPO = Path(__file__).resolve().parents[1]
-START = REPO / "checkpoints" / "tiny-sft"
+START = REPO / "warm-starts" / "tiny-sft"
 
 
 def heuristic_rows(size: int) -> list[dict]:

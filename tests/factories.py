@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # (imported where used: transformers is slow to import)
     from rlfleet.policy import ChatCodec
 
 REPO = Path(__file__).resolve().parents[1]
-SFT = REPO / "checkpoints" / "tiny-sft"
+SFT = REPO / "warm-starts" / "tiny-sft"
 # q/k/v/o of the language model only (never the vision tower), as the learner trains
 LORA_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj)"
 

@@ -91,10 +91,63 @@ def load_config(
                           f"{validation_summary(exc)}") from exc
 
 
+EXTENDS_KEY = "extends"
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """The mapping a YAML config file holds; ConfigError for anything else."""
+    """The mapping a YAML config file holds, with the files it builds on resolved;
+    ConfigError for anything else.
+
+    A file may build on another: `extends: <path>` (relative to the file itself) takes
+    that file's settings and lays this file's over them, section by section, so a variant
+    states only what differs. Every key an overlay sets must be one its base has: a
+    misspelt or misplaced key would otherwise add a setting nobody reads. A chain may be
+    as long as it needs, never a cycle."""
+    return _resolved(Path(path), ())
+
+
+def _resolved(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    here = path.resolve()
+    if here in chain:
+        names = " -> ".join(str(p) for p in (*chain, here))
+        raise ConfigError(f"config file {path}: `{EXTENDS_KEY}` forms a cycle ({names})")
+    data = _read_mapping(path)
+    base_name = data.pop(EXTENDS_KEY, None)
+    if base_name is None:
+        return data
+    if not isinstance(base_name, str) or not base_name.strip():
+        raise ConfigError(f"config file {path}: `{EXTENDS_KEY}` must name a file, "
+                          f"got {base_name!r}")
+    base_path = path.parent / base_name
+    if not base_path.is_file():
+        raise ConfigError(f"config file {path}: `{EXTENDS_KEY}: {base_name}` names no "
+                          f"file ({base_path} does not exist)")
+    base = _resolved(base_path, (*chain, here))
+    unknown = _keys_not_in(data, base)
+    if unknown:
+        raise ConfigError(
+            f"config file {path} sets {', '.join(unknown)}, which its base {base_path} "
+            "does not have: a variant only changes what its base states (add the "
+            "setting to the base, or check its spelling and section)")
+    return merged(base, data)
+
+
+def _keys_not_in(top: Mapping[str, Any], base: Mapping[str, Any],
+                 prefix: str = "") -> list[str]:
+    """The dotted keys of `top` that `base` lacks (a section is compared key by key)."""
+    missing = []
+    for key, value in top.items():
+        name = f"{prefix}{key}"
+        if key not in base:
+            missing.append(name)
+        elif isinstance(value, Mapping) and isinstance(base[key], Mapping):
+            missing.extend(_keys_not_in(value, base[key], f"{name}."))
+    return missing
+
+
+def _read_mapping(path: Path) -> dict[str, Any]:
     try:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        loaded = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from exc
     if not isinstance(loaded, dict):
@@ -233,13 +286,23 @@ class ClientTls(ClosedModel):
                                    "CA when ca is not set")
     cert: Path | None = Field(None, description="this process's client certificate (with key)")
     key: Path | None = Field(None, description="the key of cert")
+    ip_server_name: str | None = Field(
+        None, description="the name to check on a server called at an IP address (rollout "
+        "replicas register their pod address, which no certificate names; the chart sets the "
+        "rollout Service's name); none: the address itself")
 
-    def options(self) -> dict[str, Path] | None:
-        """The `tls=` options of `rlfleet.clients`; None without a CA (plaintext)."""
+    def options(self) -> dict[str, Any] | None:
+        """The `tls=` options of `rlfleet.clients`; None without a CA (plaintext). A
+        certificate without its key (or the reverse) is passed on, for the channel to
+        refuse (rpc.tls.TlsFileError), never dropped into a call without one."""
         ca = self.ca or self.client_ca
         if ca is None:
             return None
-        tls: dict[str, Path] = {"ca_file": ca}
-        if self.cert and self.key:
-            tls.update(cert_file=self.cert, key_file=self.key)
+        tls: dict[str, Any] = {"ca_file": ca}
+        if self.cert:
+            tls["cert_file"] = self.cert
+        if self.key:
+            tls["key_file"] = self.key
+        if self.ip_server_name:
+            tls["ip_server_name"] = self.ip_server_name
         return tls

@@ -312,7 +312,7 @@ def test_a_submitted_learner_trains_against_a_fleet_that_requires_the_token(
     # happen only if the token reached the job's learner
     run = "submitted-train"
     stack = start_stack(tmp_path, runs_root=tmp_path / "runs", run=run, replicas=1,
-                        model_dir=Path(__file__).resolve().parents[2] / "checkpoints"
+                        model_dir=Path(__file__).resolve().parents[2] / "warm-starts"
                         / "tiny-sft", group=procs, token=FLEET_TOKEN, log=lambda *_: None)
     config = learner_config(stack, tmp_path, run, steps=2, eval=NO_EVAL,
                             data={"groups_per_step": 2, "group_size": 4},

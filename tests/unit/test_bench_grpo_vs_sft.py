@@ -10,8 +10,8 @@ from bench.bench_grpo_vs_sft import DEFAULT_RECIPE, REPO, start_and_recipe
 
 
 def test_the_shipped_start_continues_its_own_recipe() -> None:
-    start, recipe = start_and_recipe({"config": {"model": {"path": "checkpoints/tiny-sft"}}})
-    assert start == REPO / "checkpoints" / "tiny-sft"
+    start, recipe = start_and_recipe({"config": {"model": {"path": "warm-starts/tiny-sft"}}})
+    assert start == REPO / "warm-starts" / "tiny-sft"
     made = json.loads((start / "sft_summary.json").read_text())["config"]
     assert recipe == {key: made.get(key, value) for key, value in DEFAULT_RECIPE.items()}
     assert recipe["context"] == "frame_only" and recipe["lr"] == 1e-3

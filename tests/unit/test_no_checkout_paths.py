@@ -62,7 +62,7 @@ def test_local_run_config_from_the_repository_root(monkeypatch) -> None:  # noqa
     monkeypatch.chdir(ROOT)
     cfg = local_run.learner_config(local_run.DEFAULT_CONFIG, run="r1", steps=3)
     assert (cfg.run, cfg.steps) == ("r1", 3)
-    assert cfg.model.path == ROOT / "checkpoints" / "tiny-sft-feedback"
+    assert cfg.model.path == ROOT / "warm-starts" / "tiny-sft-feedback"
 
 
 def test_local_run_config_given_explicitly_from_another_directory(tmp_path: Path,
@@ -89,13 +89,14 @@ def test_local_run_without_its_config_is_a_clear_usage_error(tmp_path: Path, mon
 
 @pytest.mark.parametrize(("module", "argv", "message"), [
     ("run", ["--replicas", "two"], "argument --replicas: invalid int value: 'two'"),
-    ("baseline", ["--env-address", "nope"], "argument --env-address: not HOST:PORT: 'nope'"),
+    ("policy_bounds", ["--env-address", "nope"],
+     "argument --env-address: not HOST:PORT: 'nope'"),
 ])
-def test_make_run_and_baseline_parse_with_the_clis_parser(
+def test_make_run_and_policy_bounds_parse_with_the_clis_parser(
         module: str, argv: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
-    from rlfleet.local import baseline
+    from rlfleet.local import policy_bounds
 
-    main = {"run": local_run.main, "baseline": baseline.main}[module]
+    main = {"run": local_run.main, "policy_bounds": policy_bounds.main}[module]
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2

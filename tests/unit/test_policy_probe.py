@@ -10,7 +10,7 @@ import pytest
 from rlfleet.policy.loading import load_policy
 from rlfleet.sft.probe import probe_policy
 
-CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "tiny-sft"
+CHECKPOINT = Path(__file__).resolve().parents[2] / "warm-starts" / "tiny-sft"
 SEEDS = range(64, 80)  # 16 held-out mazes
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from rlfleet.local.plots import learning_curve
-from rlfleet.local.run import _table, curve_climb, targets_table
+from rlfleet.local.run import _table, run_figures
 from rlfleet.maze.difficulty import band, shortest_moves
 from rlfleet.maze.tasks import HELDOUT_SEEDS
-from rlfleet_learner.evaluation import by_length
+from rlfleet.evaluation.summary import by_length
 
 
 def played(solved: bool, turns: int = 9) -> SimpleNamespace:
@@ -57,18 +57,13 @@ def test_the_learning_curve_has_the_bands_panel(tmp_path: Path) -> None:
     assert matplotlib.image.imread(plain).shape[:2] == (700, 800)
 
 
-def test_the_targets_table_has_the_done_when_lines_of_the_default() -> None:
-    # curve points hold the 128 curve mazes as `heldout`; the full evals as `heldout_curve`
-    curve = [{"step": 0, "heldout": 0.42, "heldout_curve": 0.45}, {"step": 20, "heldout": 0.5},
-             {"step": 40, "heldout": 0.625}, {"step": 60, "heldout": 0.7},
-             {"step": 73, "heldout": 0.75, "heldout_curve": 0.6875}]
-    assert curve_climb(curve) == 6.2  # 68.75 - 62.5
-    assert curve_climb(curve[:3]) is None  # no point after step 40
-    assert curve_climb(curve[:2]) is None  # none at step 40
-    after = {"heldout": summary(256, 0.75), "heldout_moves_ge12": summary(29, 0.2)}
-    table = targets_table({"change_points": {"heldout": 33.0}, "wall_clock_s": 600.0,
-                           "per_step": {}, "after": after, "curve": curve})
-    rows = {line[:38].strip(): line[38:].split() for line in table.splitlines()[1:]}
-    assert rows["held-out greedy true solve, end"] == ["75.0%", ">=", "65%", "yes"]
-    assert rows["held-out >= 12 moves, end"] == ["20.0%", ">=", "25%", "NO"]
-    assert rows["128-maze curve, last - step 40"] == ["+6.2", "pt", ">=", "+5", "pt", "yes"]
+def test_a_record_keeps_each_sets_rates_and_the_curve() -> None:
+    before = {"heldout": summary(256, 0.42), "eval": summary(64, 0.4)}
+    after = {"heldout": summary(256, 0.75), "eval": summary(64, 0.7)}
+    curve = [{"step": 0, "heldout": 0.42}, {"step": 20, "heldout": 0.5}]
+    figures = run_figures({"steps": 20, "wall_clock_s": 600.0, "before": before,
+                           "after": after, "curve": curve})
+    assert figures["heldout"] == {"before": 0.42, "after": 0.75, "after_se": 0.03,
+                                  "episodes": 256}
+    assert figures["eval"]["after"] == 0.7 and figures["curve"] == curve
+    assert "time_budget_cut" not in figures

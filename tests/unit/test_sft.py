@@ -23,7 +23,7 @@ from rlfleet.sft import DataMix, encode_example, evaluate_greedy, example_stream
 from rlfleet.sft.cli import main as sft_main
 from rlfleet.sft.train import make_batch, sft_loss, sharpen_attention
 
-CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "tiny-sft"
+CHECKPOINT = Path(__file__).resolve().parents[2] / "warm-starts" / "tiny-sft"
 # Files that must equal the tiny base's, byte for byte (same tokenizer and processor).
 PROCESSOR_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "preprocessor_config.json", "processor_config.json")

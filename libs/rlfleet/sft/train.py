@@ -8,7 +8,7 @@ tokens (the action token and ``<|im_end|>``), never on the prompt text, plus opt
 (``qk_gain``) sharper initial attention. Without those two, SFT of the tiny base sits at
 a wall-blind "head for the target" policy (~65% action accuracy, 0-15% solved) for at
 least 1500 steps; with them it reaches 45-65% solved in 800-1500 steps (see
-checkpoints/tiny-sft/README.md for the measurements).
+warm-starts/tiny-sft/README.md for the measurements).
 
 Deterministic on the CPU: the data stream comes from a numpy generator seeded with
 ``seed``, the learning rate is a linear warm-up then constant (so a run stopped at step N

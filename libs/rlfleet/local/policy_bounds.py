@@ -1,5 +1,7 @@
-"""Baselines through a real env service: the BFS oracle and a uniform random policy on
-the 64 fixed eval mazes, as a table and JSON (`rlfleet baseline`).
+"""The bounds a learned policy lies between, through a real env service: the BFS oracle
+(a perfect player) and a uniform random policy on the 64 fixed eval mazes, as a table
+and JSON (`make policy-bounds`, `python -m rlfleet.local.policy_bounds`). No model plays:
+to evaluate a model, see `rlfleet eval`.
 
 Both policies play over gRPC exactly as a rollout replica does (batched Open/Step/Close),
 so this is also an end-to-end check of the env service.
@@ -127,12 +129,12 @@ def print_table(summary: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m rlfleet.local.baseline", description=__doc__,
+    parser = Parser(prog="python -m rlfleet.local.policy_bounds", description=__doc__,
                     formatter_class=DocHelpFormatter)
     parser.add_argument("--env-address", type=address_type, metavar="HOST:PORT",
                         help="use a running env service instead of starting one (default: "
                              "start one)")
-    parser.add_argument("--out", type=Path, default=Path("runs/baseline/summary.json"),
+    parser.add_argument("--out", type=Path, default=Path("runs/policy-bounds/summary.json"),
                         help="where the summary is written")
     parser.add_argument("--task", default="maze_2d", help="the env task played")
     args = parser.parse_args(argv)
