@@ -256,9 +256,22 @@ def _harness(reply: str) -> tuple[str, object]:
 # -- VisGym's environment: the action space ------------------------------------------------
 
 
+def _text_of(value: object) -> str:
+    """`str(value)`, or what stands for it where Python will not write it: an int past
+    the interpreter's decimal limit (4300 digits) is written in hex (which has none),
+    anything else that cannot be written by its type's name."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4096:
+        sign, digits = ("-", hex(-value)) if value < 0 else ("", hex(value))
+        return sign + digits[:MAX_QUOTE_CHARS + 2]
+    try:
+        return str(value)
+    except Exception:  # noqa: BLE001 - a payload's str() may raise many types
+        return f"<{type(value).__name__}>"
+
+
 def _quote(value: object) -> str:
     """`str(value)` (what VisGym's f-strings print), bounded and without addresses."""
-    text = _ADDRESS.sub("", str(value))
+    text = _ADDRESS.sub("", _text_of(value))
     if len(text) > MAX_QUOTE_CHARS:
         text = text[:MAX_QUOTE_CHARS] + "..."
     return text
