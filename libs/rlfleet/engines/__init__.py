@@ -8,6 +8,7 @@ from importlib import import_module
 
 from rlfleet.engines.base import (
     Engine,
+    EngineDead,
     EngineError,
     FinishReason,
     Generation,
@@ -33,6 +34,7 @@ ENGINES.add("vllm", _engine_class("rlfleet.engines.vllm", "VLLMEngine"))
 __all__ = [
     "ENGINES",
     "Engine",
+    "EngineDead",
     "EngineError",
     "FinishReason",
     "Generation",

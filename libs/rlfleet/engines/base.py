@@ -34,6 +34,9 @@ same way:
 * Adapters: ``adapter=None`` means the base model with every adapter disabled.
   ``load_adapter(name, path)`` reads a PEFT LoRA directory (``adapter_config.json`` +
   ``adapter_model.safetensors``); loading an existing name again replaces it in place.
+* Health: ``check_health()`` raises ``EngineDead`` once the engine can serve nothing
+  more, and ``generate`` and adapter loads then raise ``EngineDead`` (not a plain
+  ``EngineError``), so a caller tells a dead engine from a request it refused.
 """
 
 from __future__ import annotations
@@ -46,8 +49,8 @@ from PIL import Image
 
 from rlfleet.policy.loading import vision_token_ids
 
-__all__ = ["Engine", "EngineError", "Generation", "GenerationRequest", "SamplingConfig",
-           "request_seed", "vision_token_ids"]
+__all__ = ["Engine", "EngineDead", "EngineError", "Generation", "GenerationRequest",
+           "SamplingConfig", "request_seed", "vision_token_ids"]
 
 FinishReason = Literal["stop", "length"]
 
@@ -108,6 +111,12 @@ class EngineError(RuntimeError):
     """An engine cannot do what was asked (unknown adapter, bad request, ...)."""
 
 
+class EngineDead(EngineError):
+    """The engine can serve nothing any more (its worker or engine process died, or it
+    reports itself dead, or it was closed): only a new engine, i.e. a restarted replica,
+    serves again."""
+
+
 class Engine(ABC):
     """A policy host. Implementations must be usable from one thread at a time."""
 
@@ -132,6 +141,11 @@ class Engine(ABC):
     @abstractmethod
     def unload_adapter(self, name: str) -> None:
         """Forget adapter ``name``. Raises ``EngineError`` if it is not loaded."""
+
+    @abstractmethod
+    def check_health(self) -> None:
+        """Returns while the engine can serve; raises ``EngineDead`` (naming why) once it
+        cannot. Cheap and safe to call from any thread, at any time."""
 
     @property
     def adapters(self) -> list[str]:

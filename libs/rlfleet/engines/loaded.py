@@ -10,7 +10,7 @@ import itertools
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from rlfleet.engines.base import Engine, EngineError
+from rlfleet.engines.base import Engine, EngineDead, EngineError
 from rlfleet.storage.adapter_versions import ADAPTER_CONFIG_FILE
 
 H = TypeVar("H")
@@ -84,6 +84,12 @@ class AdapterEngine(Engine):
     def adapters(self) -> list[str]:
         return self._adapters.names()
 
+    def check_health(self) -> None:
+        """Alive until closed (an engine whose work runs in this process: what could
+        die is the caller's thread, which its caller watches); `vllm` also asks its
+        engine core."""
+        self._check_open()
+
     def _check_open(self) -> None:
         if self._closed:
-            raise EngineError("engine is closed")
+            raise EngineDead("engine is closed")

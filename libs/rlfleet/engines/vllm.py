@@ -65,6 +65,7 @@ from typing import Any, TypeVar
 
 from rlfleet import defaults
 from rlfleet.engines.base import (
+    EngineDead,
     EngineError,
     Generation,
     GenerationRequest,
@@ -317,6 +318,7 @@ class VLLMEngine(AdapterEngine):
             try:
                 ok = self._wait(self._llm.add_lora(request))
             except Exception as e:  # vLLM raises ValueError/RuntimeError/KeyError/OSError
+                self.check_health()  # a dead engine core: EngineDead, not a bad adapter
                 raise EngineError(f"cannot load adapter {name!r} from {path}: {e}") from e
             if not ok:
                 raise EngineError(f"cannot load adapter {name!r} from {path}")
@@ -387,6 +389,7 @@ class VLLMEngine(AdapterEngine):
         except EngineError:
             raise
         except Exception as e:  # vLLM's EngineGenerateError / ValueError / ...
+            self.check_health()  # EngineDeadError: the engine core died under the requests
             cause = e.__cause__ or e
             raise EngineError(f"vllm rejected the requests: {type(cause).__name__}: {cause}"
                               ) from e
@@ -447,6 +450,16 @@ class VLLMEngine(AdapterEngine):
         )
 
     # -- lifecycle -------------------------------------------------------------------
+
+    def check_health(self) -> None:
+        """Dead once closed, or once vLLM says its engine core is (the core process died:
+        vLLM's monitor sees it exit and fails every request with EngineDeadError)."""
+        llm = self._llm
+        if self._closed or llm is None:
+            raise EngineDead("engine is closed")
+        if llm.errored:
+            raise EngineDead("vLLM's engine core is dead (its process exited or failed); "
+                             "this engine serves nothing more")
 
     def close(self) -> None:
         with self._adapter_lock:

@@ -28,7 +28,13 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
-from rlfleet.engines.base import Engine, Generation, GenerationRequest, SamplingConfig
+from rlfleet.engines.base import (
+    Engine,
+    EngineDead,
+    Generation,
+    GenerationRequest,
+    SamplingConfig,
+)
 
 GENERATE_SECONDS = Histogram("rlfleet_rollout_generate_seconds", "engine time per batch",
                              buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))
@@ -85,6 +91,10 @@ class DirectGeneration:
         """Runs fn(engine) now: the engine orders adapter loads against its requests."""
         return fn(self.engine)
 
+    def check_health(self) -> None:
+        """The engine's own health (EngineDead once it cannot serve)."""
+        self.engine.check_health()
+
     def close(self) -> None:
         """Nothing of ours to stop; the engine is closed by its owner."""
 
@@ -98,6 +108,7 @@ class GenerationBatcher:
         # how many groups are playing (each queues one job per turn); None: do not wait
         self.expected = expected
         self._queue: queue.Queue[_Job | _Call | None] = queue.Queue()
+        self._closed = False
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._thread.start()
 
@@ -113,7 +124,15 @@ class GenerationBatcher:
         self._queue.put(call)
         return call.future.result()
 
+    def check_health(self) -> None:
+        """EngineDead once the engine thread is gone (every queued turn would wait
+        forever) or the engine itself cannot serve."""
+        if not self._thread.is_alive() and not self._closed:
+            raise EngineDead("the engine thread of the batcher died")
+        self.engine.check_health()
+
     def close(self) -> None:
+        self._closed = True
         self._queue.put(None)
         self._thread.join(timeout=30)
 

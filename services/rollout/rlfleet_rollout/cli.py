@@ -40,10 +40,14 @@ def _serve(args: argparse.Namespace) -> int:
     except (ConfigError, ModelLoadError) as exc:
         raise SystemExit(f"rlfleet rollout: {one_line(exc)}") from None
     try:
-        return serve_forever(replica.server, f"rollout replica {settings.replica_id}",
+        code = serve_forever(replica.server, f"rollout replica {settings.replica_id}",
                              on_stop=replica.stop, until_ready=replica.until_ready)
     finally:
         replica.close()
+    if replica.engine_dead is not None:  # non-zero: the Deployment starts a fresh replica
+        raise SystemExit(f"rlfleet rollout: the engine died ({replica.engine_dead}); "
+                         "exiting to be restarted")
+    return code
 
 
 def _sample(args: argparse.Namespace) -> int:

@@ -113,6 +113,7 @@ class AdapterManager:
 
     def acquire(self) -> LiveAdapter:
         with self._cond:
+        self._waits_over = False  # no version is coming (the engine died): waits end now
             adapter = self.current
             self._users[adapter.engine_name] = self._users.get(adapter.engine_name, 0) + 1
             return adapter
@@ -143,7 +144,7 @@ class AdapterManager:
         with self._cond:
             while self.current.version < min_version:
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or self._waits_over:
                     return None
                 self._cond.wait(left)
             return self.current

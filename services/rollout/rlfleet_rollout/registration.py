@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import redis
 
+from rlfleet.engines.base import EngineDead
 from rlfleet.fleet import (
     AdapterDirectory,
     AdapterRecord,
@@ -48,6 +49,7 @@ class Heartbeat:
         self.failures = 0  # heartbeats that failed in a row
         self._logged_at = 0.0
         self._stop = threading.Event()
+        self._beating = threading.Lock()  # a stop's removal is never followed by a beat
         self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
 
     def beat(self) -> None:
@@ -66,7 +68,9 @@ class Heartbeat:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        """Stops beating and removes the entry: no beat of any thread comes after."""
+        with self._beating:
+            self._stop.set()
         try:
             self.fleet.remove(self.info().replica_id)
         except redis.RedisError:
@@ -74,7 +78,10 @@ class Heartbeat:
 
     def try_beat(self, starting: bool = False) -> bool:
         try:
-            self.beat()
+            with self._beating:
+                if self._stop.is_set():
+                    return False
+                self.beat()
         except redis.RedisError as exc:  # Redis restarting or full: re-register next beat
             self.failures += 1
             now = time.monotonic()
@@ -234,6 +241,10 @@ class AdapterWatcher:
             except redis.RedisError as exc:
                 log.warning("adapter watch failed; retrying", extra={"error": repr(exc)})
                 self._stop.wait(self.poll_s)
+            except EngineDead as exc:  # nothing loads again; the replica is on its way out
+                log.error("adapter watcher stopped: the engine is dead",
+                          extra={"error": str(exc)})
+                self.stop()
             except Exception as exc:  # noqa: BLE001 - never let the watcher die
                 log.exception("adapter watcher error", extra={"error": repr(exc)})
                 self._stop.wait(self.poll_s)

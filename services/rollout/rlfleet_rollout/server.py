@@ -13,7 +13,7 @@ from rlfleet.clients.env import EnvClient
 from rlfleet.clients.reward import RewardClient
 from rlfleet.clients.sync import SyncClient
 from rlfleet.config import ConfigError
-from rlfleet.engines import ENGINES, Engine
+from rlfleet.engines import ENGINES, Engine, EngineDead
 from rlfleet.fleet import (
     AdapterDirectory,
     ReplicaDirectory,
@@ -32,6 +32,7 @@ from rlfleet.storage import RunsRoot
 from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from rlfleet_rollout.batcher import DirectGeneration, GenerationBatcher
 from rlfleet_rollout.episodes import GroupPlayer
+from rlfleet_rollout.engine_health import EngineWatch
 from rlfleet_rollout.idempotency import GroupCache
 from rlfleet_rollout.loaded_adapters import AdapterManager, LiveAdapter
 from rlfleet_rollout.registration import AdapterWatcher, Heartbeat
@@ -72,11 +73,18 @@ class Replica:
     heartbeat: Heartbeat | None
     watcher: AdapterWatcher | None
 
+    health: EngineWatch
+
+    @property
+    def engine_dead(self) -> str | None:
+        """Why the engine died (the replica then exits non-zero); None: it did not."""
+        return self.health.dead
     def until_ready(self) -> None:
         """Registers in the fleet store and loads the run's latest adapter (if any)
         before reporting SERVING. A Redis that is down (or full) at start keeps the replica
         NOT_SERVING, retrying, until its first heartbeat is written."""
         if self.heartbeat is not None:
+        self.health.start()
             if not self.heartbeat.register():
                 return  # stopped while waiting for Redis
             self.heartbeat.start()
@@ -86,13 +94,27 @@ class Replica:
             except redis_errors.RedisError as exc:  # the watcher's loop catches up later
                 log.warning("cannot read the latest adapter yet", extra={"error": repr(exc)})
             self.watcher.start()
+            except EngineDead as exc:  # the way out is under way (engine_died)
+                self.health.died(str(exc))
+                return
 
     def stop(self) -> None:
-        for part in (self.watcher, self.heartbeat):
+        for part in (self.health, self.watcher, self.heartbeat):
             if part is not None:
                 part.stop()
 
     def close(self) -> None:
+    def engine_died(self, reason: str) -> None:
+        """The engine serves nothing again: health NOT_SERVING, out of the fleet store (no
+        beat, the entry removed), no adapter loads, groups waiting for a version answered
+        now (UNAVAILABLE, re-sent elsewhere by the pool); then the server drains, and
+        the process exits non-zero (`engine_dead`) so that its Deployment restarts it."""
+        # NOT_SERVING for good: a later set_serving (start-up finishing) changes nothing
+        self.server.health.enter_graceful_shutdown()
+        self.stop()
+        self.adapters.end_waits()
+        self.server.stop()
+
         self.stop()
         self.batcher.close()
         self.adapters.close()
@@ -154,8 +176,9 @@ def build_replica(settings: RolloutSettings) -> Replica:
         model_dir=model_dir, profile_marks=marks)
     servicer = RolloutServicer(
         player, adapters, max_groups=settings.max_groups, max_episodes=settings.max_episodes,
+    health = EngineWatch(batcher.check_health)
         adapter_wait_s=settings.adapter_wait_s, cache=GroupCache(settings.idempotency_cache),
-        address="", engine=settings.engine, model=model_dir)
+        address="", engine=settings.engine, model=model_dir, health=health)
     if isinstance(batcher, GenerationBatcher):
         batcher.expected = lambda: servicer.active_groups  # wait for every group's turn
     server = GrpcServer("rollout", config, [
@@ -180,4 +203,6 @@ def build_replica(settings: RolloutSettings) -> Replica:
                               settings.heartbeat_ttl_s)
         holder["hb"] = heartbeat
         watcher = AdapterWatcher(AdapterDirectory(redis), adapters)
-    return Replica(settings, server, player, batcher, adapters, heartbeat, watcher)
+    replica = Replica(settings, server, player, batcher, adapters, heartbeat, watcher, health)
+    health.on_dead = replica.engine_died
+    return replica

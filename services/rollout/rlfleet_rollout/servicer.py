@@ -9,11 +9,12 @@ import grpc
 from prometheus_client import Counter, Gauge
 
 from rlfleet import limits
-from rlfleet.engines.base import EngineError
+from rlfleet.engines.base import EngineDead, EngineError
 from rlfleet.fleet.replicas import admits
 from rlfleet.names import ENGINE_NAMES, to_wire
-from rlfleet.rpc.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from rlfleet.rpc.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
 from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from rlfleet_rollout.engine_health import EngineWatch
 from rlfleet_rollout.episodes import GroupPlayer
 from rlfleet_rollout.idempotency import GroupCache
 from rlfleet_rollout.loaded_adapters import AdapterManager
@@ -47,11 +48,13 @@ def validate(request: rollout_pb2.GroupRequest) -> None:
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     """Plays groups; admission is by `rlfleet.fleet.replicas.admits` on max_groups and
     max_episodes (the capacity advertised in the heartbeat and GetStatus), a full replica
-    answers RESOURCE_EXHAUSTED."""
+    answers RESOURCE_EXHAUSTED. With a dead engine (`health`) every group and GetStatus
+    answers UNAVAILABLE, which the pool re-sends elsewhere and never clears the replica on."""
 
     def __init__(self, player: GroupPlayer, adapters: AdapterManager, *, max_groups: int,
                  adapter_wait_s: float, cache: GroupCache, address: str, engine: str,
-                 model: str, max_episodes: int = 64) -> None:
+                 model: str, max_episodes: int = 64, health: EngineWatch | None = None
+                 ) -> None:
         if max_groups < 1 or max_episodes < 1:
             raise ValueError("max_groups and max_episodes must be >= 1")
         self.player = player
@@ -69,6 +72,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             raise ValueError(f"engine must be one of {ENGINE_NAMES}, got {engine!r}")
         self.engine_kind = to_wire(common_pb2.Engine, engine)
         self.model = model
+        self.health = health
         self.active_groups = 0
         self.active_episodes = 0
         self._lock = threading.Lock()
@@ -77,8 +81,15 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         validate(request)
         yield from self.cache.stream(request, lambda: self._play(request, context))
 
+    def _refuse_if_dead(self) -> None:
+        reason = self.health.check() if self.health is not None else None
+        if reason is not None:
+            raise Unavailable(f"this replica's engine is dead ({reason}); the replica is "
+                              "leaving the fleet to be restarted: use another replica")
+
     def _play(self, request: rollout_pb2.GroupRequest, context: grpc.ServicerContext):  # noqa: ANN202
         queued = time.perf_counter()
+        self._refuse_if_dead()
         with self._lock:
             if not admits(self.active_groups, self.active_episodes, request.group_size,
                           self.max_groups, self.max_episodes):
@@ -99,6 +110,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             ACTIVE_EPISODES.set(self.active_episodes)
         try:
             if self.adapters.wait_for(request.min_adapter_version, self.adapter_wait_s) is None:
+                self._refuse_if_dead()  # woken by the engine's death, not the version
                 raise FailedPrecondition(
                     f"live adapter version {self.adapters.current.version} is older than "
                     f"min_adapter_version {request.min_adapter_version}")
@@ -117,6 +129,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                         streamed += 1
                         yield trajectory
                 except EngineError:
+                except EngineDead as exc:
+                    if self.health is not None:
+                        self.health.died(str(exc))
+                    self._refuse_if_dead()
+                    raise
                     if not self.adapters.is_evicted(adapter):
                         raise
                 if streamed < request.group_size and self.adapters.is_evicted(adapter):
@@ -135,6 +152,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     def GetStatus(self, request, context):  # noqa: N802, ANN001, ANN201
         a = self.adapters.current
+        self._refuse_if_dead()  # a pool probing a replica that failed: not cleared
         return rollout_pb2.ReplicaStatus(
             replica_id=self.player.replica_id,
             address=self.address,
