@@ -1,11 +1,12 @@
 """The `rlfleet` command. Built-in sub-commands live in the library (health, conformance,
-scale, sft); each service adds its own (`rlfleet env serve`, ...) through the
+scale, sft, eval); each service adds its own (`rlfleet env serve`, ...) through the
 `rlfleet.commands` entry-point group, so the library never imports a service."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from rlfleet import __version__
@@ -17,6 +18,7 @@ from rlfleet.cliargs import Parser, address, positive_float
 _LIBRARY_COMMANDS = (
     ("rlfleet.conformance.cli", "register"),
     ("rlfleet.sft.cli", "register"),
+    ("rlfleet.evaluation.cli", "register"),
     ("rlfleet.policy.model_cli", "register"),
     ("rlfleet.kube.scale", "register_scale_command"),
 )
@@ -35,8 +37,22 @@ _HEALTH_MEANING = {
 
 def _health(args: argparse.Namespace) -> int:
     from rlfleet.rpc.health import check
+    from rlfleet.rpc.tls import client_options_from_env
 
-    status = check(args.address, args.service, timeout_s=args.timeout)
+    # Flags over RLFLEET_TLS_* (a pod's own certificate: the probes pass none).
+    env = dict(os.environ)
+    for flag, name in (("tls_ca", "RLFLEET_TLS_CA"), ("tls_cert", "RLFLEET_TLS_CERT"),
+                       ("tls_key", "RLFLEET_TLS_KEY")):
+        if getattr(args, flag):
+            env[name] = getattr(args, flag)
+    tls = client_options_from_env(env)
+    if args.tls_server_name:
+        if tls is None:
+            print("rlfleet health: --tls-server-name needs a CA (--tls-ca or RLFLEET_TLS_CA "
+                  "/ RLFLEET_TLS_CLIENT_CA)", file=sys.stderr)
+            return 2
+        tls["server_name"] = args.tls_server_name
+    status = check(args.address, args.service, timeout_s=args.timeout, tls=tls)
     if status == "SERVING":
         print(status)
         return 0
@@ -56,6 +72,16 @@ def _add_health(sub: argparse._SubParsersAction) -> None:
                         help="service name to ask about ('' = the whole server)")
     health.add_argument("--timeout", type=positive_float, default=3.0, metavar="SECONDS",
                         help="how long to wait for the answer")
+    health.add_argument("--tls-ca", metavar="FILE", help="check the server's certificate "
+                        "with this CA (default RLFLEET_TLS_CA, else RLFLEET_TLS_CLIENT_CA; "
+                        "none of them: plaintext)")
+    health.add_argument("--tls-cert", metavar="FILE", help="client certificate, for a "
+                        "server that asks for one (default RLFLEET_TLS_CERT)")
+    health.add_argument("--tls-key", metavar="FILE", help="the key of --tls-cert (default "
+                        "RLFLEET_TLS_KEY)")
+    health.add_argument("--tls-server-name", metavar="NAME", help="the name the server's "
+                        "certificate must carry (a probe calls 127.0.0.1; default: the "
+                        "address's host)")
     health.set_defaults(func=_health)
 
 
@@ -99,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
         from rlfleet.rpc.server import BindError  # loaded already if one was raised
 
         if not isinstance(exc, BindError):
+            raise
+        print(f"rlfleet {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        tls = sys.modules.get("rlfleet.rpc.tls")  # loaded already if its error was raised
+        if tls is None or not isinstance(exc, tls.TlsFileError):
             raise
         print(f"rlfleet {args.command}: {exc}", file=sys.stderr)
         return 1

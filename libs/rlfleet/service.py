@@ -13,12 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rlfleet.cliargs import add_common_args, assignments
 from rlfleet.config import ClientTls, ClosedModel, ConfigError, fleet_token, load_config
 from rlfleet.logs import setup_logging
 from rlfleet.rpc.server import GrpcServer, ServerConfig, TlsConfig, unbindable
+from rlfleet.rpc.tls import TlsFileError
 
 __all__ = ["ServiceSettings", "add_common_args", "load_settings", "serve_forever",
            "settings_or_exit"]
@@ -59,6 +60,17 @@ class ServiceSettings(ClosedModel):
     tls_ca: Path | None = Field(
         None, description="the CA that signed the servers this service calls (default "
         "tls_client_ca: one fleet CA)")
+
+    @model_validator(mode="after")
+    def _tls_complete(self) -> ServiceSettings:
+        # A half-given TLS setting must not leave the server in plaintext.
+        given = [n for n in ("tls_cert", "tls_key", "tls_client_ca", "tls_ca") if getattr(self, n)]
+        if given and not (self.tls_cert and self.tls_key):
+            missing = " and ".join(n for n in ("tls_cert", "tls_key") if not getattr(self, n))
+            raise ValueError(f"{', '.join(given)} set without {missing}: TLS needs the "
+                             "server's certificate and key (the service never falls back "
+                             "to plaintext)")
+        return self
 
     def auth_token(self) -> str | None:
         """The shared token, None where auth is explicitly off; ConfigError otherwise."""
@@ -106,6 +118,13 @@ def settings_or_exit(model: type[S], args: argparse.Namespace, service: str) -> 
         settings = load_settings(model, args)
         token = settings.auth_token()  # an empty or missing token refuses to start here
     except ConfigError as exc:
+        raise SystemExit(f"rlfleet {service}: {exc}") from None
+    # Bad TLS files refuse now, before a model loads for minutes (one line: file, reason).
+    server_tls = settings.server_config().tls if settings.tls_cert else None
+    try:
+        if server_tls is not None:
+            server_tls.files().check()
+    except TlsFileError as exc:
         raise SystemExit(f"rlfleet {service}: {exc}") from None
     # A taken port fails now, before a model loads for minutes (the server checks again
     # when it binds: a port can be taken in between).

@@ -27,6 +27,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -73,13 +74,13 @@ class Target:
     times it."""
 
     def __init__(self, address: str, token: str | None = None,
-                 timeout_s: float = TIMEOUT_S) -> None:
+                 timeout_s: float = TIMEOUT_S, tls: dict[str, Any] | None = None) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s!r}: a positive number of seconds")
         self.address = address
         self.timeout_s = timeout_s
         self.batch_timeout_s = BATCH_TIMEOUT_FACTOR * timeout_s
-        self.channel = open_channel(address, token=token)
+        self.channel = open_channel(address, token=token, **(tls or {}))
         self.env = env_pb2_grpc.EnvServiceStub(self.channel)
         self.reward = reward_pb2_grpc.RewardServiceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
@@ -723,10 +724,11 @@ def run_check(check: Check | Callable[[Target], None], target: Target) -> CheckR
 
 
 def run_checks(address: str, token: str | None = None,
-               timeout_s: float = TIMEOUT_S) -> list[CheckResult]:
+               timeout_s: float = TIMEOUT_S, tls: dict[str, Any] | None = None
+               ) -> list[CheckResult]:
     """Every check that applies to the service at `address`; Unreachable (at once) when
-    nothing answers there. `timeout_s`: see Target."""
-    target = Target(address, token, timeout_s)
+    nothing answers there. `timeout_s`: see Target; `tls`: open_channel's TLS options."""
+    target = Target(address, token, timeout_s, tls)
     try:
         target.probe()
         return [run_check(check, target) for check in checks_for(target)]

@@ -12,10 +12,12 @@ from rlfleet.cliargs import address, positive_float
 def _run(args: argparse.Namespace) -> int:
     from rlfleet.config import read_secret
     from rlfleet.conformance.checks import Unreachable, run_checks
+    from rlfleet.rpc.tls import client_options_from_env
 
     try:
+        # TLS from RLFLEET_TLS_* as every rlfleet command that calls the fleet
         results = run_checks(args.target, token=read_secret("RLFLEET_AUTH_TOKEN"),
-                             timeout_s=args.timeout)
+                             timeout_s=args.timeout, tls=client_options_from_env())
     except Unreachable as exc:
         print(f"rlfleet conformance: {exc}", file=sys.stderr)
         return 2

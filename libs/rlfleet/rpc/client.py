@@ -31,6 +31,7 @@ import grpc
 from rlfleet.limits import MAX_MESSAGE_BYTES
 from rlfleet.rpc.callproof import ANSWER_HEADER, answer_key, check_answer, make_proof, proof_key
 from rlfleet.rpc.interceptors import UNAUTHENTICATED_SERVICES
+from rlfleet.rpc.tls import TlsFileError, client_credentials, files_stamp, is_ip_target
 
 log = logging.getLogger(__name__)
 
@@ -200,10 +201,19 @@ def open_channel(
     ca_file: Path | None = None,
     cert_file: Path | None = None,
     key_file: Path | None = None,
+    server_name: str | None = None,
+    ip_server_name: str | None = None,
     config: str | None = None,
 ) -> grpc.Channel:
     """A channel with rlfleet's message limits, optional TLS/mTLS, the shared token and
-    `config`, a service config (`service_config`: the retry policy)."""
+    `config`, a service config (`service_config`: the retry policy).
+
+    With `ca_file` the server must present a certificate that CA signed, for the name the
+    channel checks: `server_name` if given, else `ip_server_name` when `address` is an IP
+    address (a replica registers its pod address, which no certificate of the fleet names),
+    else the address's host. `cert_file`/`key_file`: the client certificate (mTLS). A file
+    that cannot be used raises rpc.tls.TlsFileError, naming it; there is no plaintext
+    fallback."""
     options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -214,12 +224,15 @@ def open_channel(
     if config is not None:
         options += [("grpc.enable_retries", 1), ("grpc.service_config", config)]
     if ca_file:
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=ca_file.read_bytes(),
-            private_key=key_file.read_bytes() if key_file else None,
-            certificate_chain=cert_file.read_bytes() if cert_file else None,
-        )
+        name = server_name or (ip_server_name if is_ip_target(address) else None)
+        if name:
+            options.append(("grpc.ssl_target_name_override", name))
+        creds = grpc.ssl_channel_credentials(**client_credentials(ca_file, cert_file, key_file))
         channel = grpc.secure_channel(address, creds, options=options)
+    elif cert_file or key_file or server_name:
+        raise TlsFileError(f"client TLS for {address}: a certificate, key or server name is "
+                           "given without a CA to check the server with (RLFLEET_TLS_CA or "
+                           "RLFLEET_TLS_CLIENT_CA); refusing to call in plaintext")
     else:
         channel = grpc.insecure_channel(address, options=options)
     if token:
@@ -266,12 +279,28 @@ class RpcClient:
         self._config = service_config(service, self.idempotent, self.policy)
         self._token = token
         self._tls = tls or {}
+        if self._tls.get("ca_file"):  # bad files refuse now, not at the first call
+            client_credentials(self._tls["ca_file"], self._tls.get("cert_file"),
+                               self._tls.get("key_file"))
+        self._tls_stamp = self._stamp() if self._tls else None
         self._channels: dict[str, grpc.Channel] = {}
+        self._retired: list[grpc.Channel] = []
         self._lock = threading.Lock()
         self._next = itertools.count()
 
+    def _stamp(self) -> tuple:
+        return files_stamp(*(v for k, v in sorted(self._tls.items()) if k.endswith("_file")))
+
     def channel(self, address: str) -> grpc.Channel:
         with self._lock:
+            stamp = self._stamp() if self._tls else None
+            if stamp != self._tls_stamp:
+                # Renewed certificate files: new channels use them; calls in flight finish
+                # on the old ones (closed with the client).
+                self._tls_stamp = stamp
+                self._retired.extend(self._channels.values())
+                self._channels.clear()
+                log.info("TLS files changed, reconnecting with them")
             if address not in self._channels:
                 self._channels[address] = open_channel(
                     address, token=self._token, config=self._config, **self._tls)
@@ -319,9 +348,10 @@ class RpcClient:
 
     def close(self) -> None:
         with self._lock:
-            for channel in self._channels.values():
+            for channel in [*self._channels.values(), *self._retired]:
                 channel.close()
             self._channels.clear()
+            self._retired.clear()
 
     def __enter__(self) -> RpcClient:
         return self

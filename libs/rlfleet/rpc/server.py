@@ -37,6 +37,7 @@ from rlfleet.rpc.interceptors import (
     RequestBoundInterceptor,
     RequestReaper,
 )
+from rlfleet.rpc.tls import ServerFiles, server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +75,16 @@ Registration = Callable[[grpc.Server], str]
 
 @dataclass
 class TlsConfig:
+    """A server's TLS files (checked when the server is built: rpc.tls.TlsFileError names a
+    bad one; reloaded when they change on disk)."""
+
     cert_file: Path
     key_file: Path
     client_ca_file: Path | None = None  # set: clients must present a cert it signed (mTLS)
+
+    def files(self) -> ServerFiles:
+        return ServerFiles(Path(self.cert_file), Path(self.key_file),
+                           Path(self.client_ca_file) if self.client_ca_file else None)
 
 
 @dataclass
@@ -103,6 +111,8 @@ class GrpcServer:
     def __init__(self, name: str, config: ServerConfig, registrations: Sequence[Registration]):
         self.name = name
         self.config = config
+        # Bad TLS files refuse here (rpc.tls.TlsFileError, one line), before anything starts.
+        credentials = server_credentials(config.tls.files()) if config.tls else None
         # outermost first: the request bound sees the final handler (auth's refusals too)
         self._reaper = RequestReaper(config.request_timeout_s, name)
         interceptors: list[grpc.ServerInterceptor] = [RequestBoundInterceptor(self._reaper)]
@@ -139,9 +149,8 @@ class GrpcServer:
         reason = unbindable(config.host, config.port)
         if reason is None:
             try:
-                if config.tls:
-                    self.port = self._server.add_secure_port(address,
-                                                             _server_credentials(config.tls))
+                if credentials is not None:
+                    self.port = self._server.add_secure_port(address, credentials)
                 else:
                     self.port = self._server.add_insecure_port(address)
             except RuntimeError:  # grpcio >= 1.60 raises where it returned 0 before
@@ -239,11 +248,3 @@ class GrpcServer:
     def __exit__(self, *exc: object) -> None:
         self.stop(grace_s=0)
 
-
-def _server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
-    ca = tls.client_ca_file.read_bytes() if tls.client_ca_file else None
-    return grpc.ssl_server_credentials(
-        [(tls.key_file.read_bytes(), tls.cert_file.read_bytes())],
-        root_certificates=ca,
-        require_client_auth=ca is not None,
-    )
