@@ -104,6 +104,7 @@ class AdapterManager:
         self._users: dict[str | None, int] = {}
         self._retired: dict[str, int] = {}  # engine name -> version, unloaded when unused
         self._evicted: set[str] = set()  # unloaded while in use: beyond the staleness bound
+        self._waits_over = False  # no version is coming (the engine died): waits end now
         self._cond = threading.Condition()
         self._load_lock = threading.Lock()
         self._staging = Path(tempfile.mkdtemp(prefix="rlfleet-adapters-"))
@@ -113,7 +114,6 @@ class AdapterManager:
 
     def acquire(self) -> LiveAdapter:
         with self._cond:
-        self._waits_over = False  # no version is coming (the engine died): waits end now
             adapter = self.current
             self._users[adapter.engine_name] = self._users.get(adapter.engine_name, 0) + 1
             return adapter

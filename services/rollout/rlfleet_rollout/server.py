@@ -31,8 +31,8 @@ from rlfleet.rpc.server import GrpcServer
 from rlfleet.storage import RunsRoot
 from rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from rlfleet_rollout.batcher import DirectGeneration, GenerationBatcher
-from rlfleet_rollout.episodes import GroupPlayer
 from rlfleet_rollout.engine_health import EngineWatch
+from rlfleet_rollout.episodes import GroupPlayer
 from rlfleet_rollout.idempotency import GroupCache
 from rlfleet_rollout.loaded_adapters import AdapterManager, LiveAdapter
 from rlfleet_rollout.registration import AdapterWatcher, Heartbeat
@@ -72,19 +72,19 @@ class Replica:
     adapters: AdapterManager
     heartbeat: Heartbeat | None
     watcher: AdapterWatcher | None
-
     health: EngineWatch
 
     @property
     def engine_dead(self) -> str | None:
         """Why the engine died (the replica then exits non-zero); None: it did not."""
         return self.health.dead
+
     def until_ready(self) -> None:
         """Registers in the fleet store and loads the run's latest adapter (if any)
         before reporting SERVING. A Redis that is down (or full) at start keeps the replica
         NOT_SERVING, retrying, until its first heartbeat is written."""
-        if self.heartbeat is not None:
         self.health.start()
+        if self.heartbeat is not None:
             if not self.heartbeat.register():
                 return  # stopped while waiting for Redis
             self.heartbeat.start()
@@ -93,17 +93,16 @@ class Replica:
                 self.watcher.catch_up()
             except redis_errors.RedisError as exc:  # the watcher's loop catches up later
                 log.warning("cannot read the latest adapter yet", extra={"error": repr(exc)})
-            self.watcher.start()
             except EngineDead as exc:  # the way out is under way (engine_died)
                 self.health.died(str(exc))
                 return
+            self.watcher.start()
 
     def stop(self) -> None:
         for part in (self.health, self.watcher, self.heartbeat):
             if part is not None:
                 part.stop()
 
-    def close(self) -> None:
     def engine_died(self, reason: str) -> None:
         """The engine serves nothing again: health NOT_SERVING, out of the fleet store (no
         beat, the entry removed), no adapter loads, groups waiting for a version answered
@@ -115,6 +114,7 @@ class Replica:
         self.adapters.end_waits()
         self.server.stop()
 
+    def close(self) -> None:
         self.stop()
         self.batcher.close()
         self.adapters.close()
@@ -174,9 +174,9 @@ def build_replica(settings: RolloutSettings) -> Replica:
                             tls=tls),
         replica_id=settings.replica_id, cell_px=settings.render_cell_px(),
         model_dir=model_dir, profile_marks=marks)
+    health = EngineWatch(batcher.check_health)
     servicer = RolloutServicer(
         player, adapters, max_groups=settings.max_groups, max_episodes=settings.max_episodes,
-    health = EngineWatch(batcher.check_health)
         adapter_wait_s=settings.adapter_wait_s, cache=GroupCache(settings.idempotency_cache),
         address="", engine=settings.engine, model=model_dir, health=health)
     if isinstance(batcher, GenerationBatcher):

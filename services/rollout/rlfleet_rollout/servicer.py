@@ -128,12 +128,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                         TRAJECTORIES.labels(trajectory.reward_name).inc()
                         streamed += 1
                         yield trajectory
-                except EngineError:
                 except EngineDead as exc:
                     if self.health is not None:
                         self.health.died(str(exc))
                     self._refuse_if_dead()
                     raise
+                except EngineError:
                     if not self.adapters.is_evicted(adapter):
                         raise
                 if streamed < request.group_size and self.adapters.is_evicted(adapter):
@@ -151,8 +151,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 ACTIVE_EPISODES.set(self.active_episodes)
 
     def GetStatus(self, request, context):  # noqa: N802, ANN001, ANN201
-        a = self.adapters.current
         self._refuse_if_dead()  # a pool probing a replica that failed: not cleared
+        a = self.adapters.current
         return rollout_pb2.ReplicaStatus(
             replica_id=self.player.replica_id,
             address=self.address,
