@@ -149,6 +149,13 @@ class AdapterManager:
                 self._cond.wait(left)
             return self.current
 
+    def end_waits(self) -> None:
+        """No newer version will load (the engine died): every `wait_for`, now and
+        later, that a newer version would end returns None at once."""
+        with self._cond:
+            self._waits_over = True
+            self._cond.notify_all()
+
     # -- loading -------------------------------------------------------------------
 
     def start_prefetch(self, record: AdapterRecord, executor: Executor,
