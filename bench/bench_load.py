@@ -1,4 +1,4 @@
-"""Bounded load test on loopback (issue 6, item 10): the env service and the rollout pool
+"""Bounded load test on loopback: the env service and the rollout pool
 at a fixed concurrency — throughput, latency, error rate — and at overload, where the
 answer must be a clear RESOURCE_EXHAUSTED while the accepted work keeps its throughput
 (no collapse, no other errors).

@@ -70,7 +70,12 @@ def doc_table() -> str:
              "`rlfleet.learner_config.LearnerConfig` (the descriptions are the models' own;",
              "edit them there). A file sets these keys (configs/), the environment",
              "`RLFLEET_<SECTION>__<KEY>`, a flag `--set section.key=VALUE`; docs/conventions.md",
-             "gives the order.", ""]
+             "gives the order.", "",
+             "A file may build on another with `extends: <path>` (relative to the file):",
+             "the base's settings, with this file's laid over them section by section, so a",
+             "variant states only what differs (configs/local-tiny-9x9.yaml). A variant may",
+             "only change keys its base states; a missing base, a cycle or a key the base does",
+             "not have is refused, naming the file and the key.", ""]
     sections = []
     rows = []
     defaults = LearnerConfig().model_dump(mode="json")

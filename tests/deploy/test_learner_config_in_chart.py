@@ -1,4 +1,4 @@
-"""The learner config the chart renders is one the learner accepts (issue #12: the built-in
+"""The learner config the chart renders is one the learner accepts (the built-in
 config used to be `{run, model: "<string>", runs_root}`, which crashed the learner), and
 values.schema.json refuses what the learner would refuse, so `helm lint` catches it."""
 

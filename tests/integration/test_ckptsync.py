@@ -249,7 +249,7 @@ def test_ack_waiter_and_one_script_publish(redis_url: str) -> None:
 
 def test_garbage_collection_spares_versions_that_checkpoints_serve(
         tmp_path: Path, redis_url: str, start_ckptsync) -> None:
-    # Issue 11 item 1: a run's checkpoints at steps 1 and 3 were serving versions 1 and 3;
+    # a run's checkpoints at steps 1 and 3 were serving versions 1 and 3;
     # a restarted attempt publishes 4..6. GC keeps the newest 2 and both pinned versions.
     import torch
 

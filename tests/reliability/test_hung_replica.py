@@ -1,4 +1,4 @@
-"""Issue 11 item 6: a hung replica (SIGSTOP: its sockets stay open, nothing arrives, its
+"""A hung replica (SIGSTOP: its sockets stay open, nothing arrives, its
 heartbeat stops) loses its groups to another replica once its heartbeat expires, not
 after the pool's stream deadline (1800 s) or idle timeout (600 s): the pool's watchdog
 cancels every stream to a replica whose heartbeat has expired, and the groups complete

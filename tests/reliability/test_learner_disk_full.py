@@ -1,4 +1,4 @@
-"""Issue 23 item 6: a full disk under the runs root ends a learner with one clear line and
+"""A full disk under the runs root ends a learner with one clear line and
 an exit code, not a traceback, and loses no checkpointed step.
 
 The runs root is a small tmpfs of its own (a real filesystem that fills up; the test

@@ -1,4 +1,4 @@
-"""Issue 23 items 2, 3 and 6: a sync learner (a real process under local Ray, the deployed
+"""A sync learner (a real process under local Ray, the deployed
 command) against the real local stack, with real signals.
 
 1. min_replicas 2; after step 1 one replica is SIGSTOPped (it hangs, holding its sockets):

@@ -1,4 +1,4 @@
-"""Issue 23 item 6: a learner whose fleet is lost (its only replica SIGKILLed, none comes
+"""A learner whose fleet is lost (its only replica SIGKILLed, none comes
 back) stops with one clear line and exit code 3 after `fleet.replacement_wait_s`, its
 trained steps checkpointed; with a replica back, the deployed command resumes the run.
 

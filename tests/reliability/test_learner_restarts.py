@@ -1,4 +1,4 @@
-"""Issue 11 items 1-3 and 5: a learner that is stopped, killed and restarted with the
+"""A learner that is stopped, killed and restarted with the
 deployed command (`rlfleet learner run --config ... --resume auto`, what the chart's
 RayJob runs on every retry) continues one run instead of mixing attempts.
 

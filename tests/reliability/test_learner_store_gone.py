@@ -1,4 +1,4 @@
-"""Issue 23 item 6: a learner whose fleet store (Redis) is gone stops with one clear line
+"""A learner whose fleet store (Redis) is gone stops with one clear line
 and exit code 3 once ckpt-sync has not recorded its publish for `fleet.publish_retry_s`, its
 trained steps checkpointed; with Redis back (empty) the deployed command resumes the run.
 

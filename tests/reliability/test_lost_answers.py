@@ -1,4 +1,4 @@
-"""Issue 23 item 6: episodes of a failed request are closed, even when the env's answer was
+"""Episodes of a failed request are closed, even when the env's answer was
 lost and the replica never learnt their ids.
 
 A real env service and a replica that reaches it through a TCP proxy; the proxy then

@@ -1,4 +1,4 @@
-"""Issue 23 items 3 and 2, at the publisher: the learner's `AdapterPublisher` against a real
+"""At the publisher: the learner's `AdapterPublisher` against a real
 ckpt-sync, Redis and rollout replicas, with real signals.
 
 - ckpt-sync SIGSTOPped during a publish (it holds its socket and never answers: every call

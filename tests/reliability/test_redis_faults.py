@@ -1,4 +1,4 @@
-"""Issue 11 items 11-13: Redis faults that used to end in unclean errors.
+"""Redis faults that used to end in unclean errors.
 
 - 11: Redis full (maxmemory with noeviction: every write that may grow memory answers
   OOM). `Publish` answers UNAVAILABLE naming the cause (it was INTERNAL with a

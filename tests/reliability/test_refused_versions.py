@@ -1,4 +1,4 @@
-"""Issue 23 item 4: a refused adapter version is not refused forever, nor retried forever.
+"""A refused adapter version is not refused forever, nor retried forever.
 
 Real Redis, ckpt-sync and two rollout replicas. A version whose weights changed after
 ckpt-sync's check (a byte flipped after the manifest was written; announced behind

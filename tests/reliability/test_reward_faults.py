@@ -1,4 +1,4 @@
-"""Issue 23 item 5: a reward function that breaks its contract is refused at the reward
+"""A reward function that breaks its contract is refused at the reward
 service's boundary, clearly and once.
 
 A user's reward service (`rlfleet.reward.main`, its own process) whose function, by the

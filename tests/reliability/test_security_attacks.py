@@ -1,4 +1,4 @@
-"""Issue 11 items 7-10: attacks on the running fleet, each reproduced on real processes.
+"""Attacks on the running fleet, each reproduced on real processes.
 
 - 7: unauthenticated clients cannot freeze a service. Streams that send headers and never
   a body are refused at the headers (UNAUTHENTICATED, no worker held), authenticated and
@@ -359,7 +359,7 @@ def test_redis_access_cannot_steal_the_token_or_forge_replicas(fleet: Fleet) -> 
 @pytest.mark.slow
 def test_a_replica_port_taken_over_gets_no_token_and_has_nothing_accepted(fleet: Fleet
                                                                           ) -> None:
-    """Issue 23 item 1, as reproduced: a replica is SIGKILLed and another server binds its
+    """As reproduced: a replica is SIGKILLed and another server binds its
     port while its heartbeat is still valid. The learner's pool (with the token) calls it:
     the server learns no token (only per-call proofs, each good for one method and one
     minute), cannot prove its answers, and every group is trained on the live replica."""

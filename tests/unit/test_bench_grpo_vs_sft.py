@@ -1,5 +1,5 @@
 """bench/bench_grpo_vs_sft.py continues SFT from the GRPO run's own start, with the recipe
-that made that start (issue 20's equal-compute baseline from a start of any recipe)."""
+that made that start (the equal-compute baseline from a start of any recipe)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The fleet's token never goes to a peer, and a peer that is not the fleet's has nothing
-accepted (issue 23 item 1): rlfleet's clients prove each call with a MAC and take an
+accepted: rlfleet's clients prove each call with a MAC and take an
 answer only with the server's proof for that call (`rlfleet.rpc.callproof`), over real
 gRPC on loopback.
 

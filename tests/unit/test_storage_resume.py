@@ -1,6 +1,6 @@
 """What a restarted learner reads back: the newest intact checkpoint (damaged newer ones
 set aside), whether a run has trained before, the adapter versions its checkpoints pin,
-and metrics.jsonl appends that never leave a torn record (issue 11, items 1-3)."""
+and metrics.jsonl appends that never leave a torn record."""
 
 from __future__ import annotations
 
