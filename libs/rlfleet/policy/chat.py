@@ -33,12 +33,22 @@ recorded), which is why nothing is ever re-tokenised.
 
 Images: each image part becomes ``<|vision_start|>`` + N x ``<|image_pad|>`` +
 ``<|vision_end|>`` with N from the processor's grid (one per 16x16 px on the tiny model).
+
+Only the template writes structure. A message's text (an env's feedback that quotes the
+model's last reply, a status line, an instruction) is tokenised with its special tokens
+inert: ``<|im_start|>`` or ``<|image_pad|>`` inside it becomes the byte-level pieces of
+those characters, never the special token, so a reply cannot open a turn or claim an
+image in the next prompt. The codec renders the template with a slot in place of each
+text, reads special tokens only in what the template wrote, and puts the texts back as
+plain text; where no text holds a special token's characters the ids are exactly those
+of tokenising the whole rendered string.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,6 +95,25 @@ def _is_image_part(part: Mapping[str, Any]) -> bool:
     return part.get("type") in ("image", "image_url") or "image" in part or "image_url" in part
 
 
+# A message's text while the template renders (private-use characters, which no template
+# writes): the rendered string is cut at these slots into what the template wrote and
+# what the messages brought.
+_TEXT_SLOT = "\ue000{}\ue001"
+_TEXT_SLOT_RE = re.compile("\ue000(\\d+)\ue001")
+
+
+@dataclass
+class _Rendered:
+    """The template's output as pieces ``(text, from_message)``, and its images."""
+
+    pieces: list[tuple[str, bool]]
+    images: list[Image.Image]
+
+    @property
+    def text(self) -> str:
+        return "".join(text for text, _ in self.pieces)
+
+
 @dataclass
 class Encoded:
     """Token ids (image placeholders expanded) and the images they refer to, in order."""
@@ -107,6 +136,11 @@ class ChatCodec:
         ids = self.tokenizer.convert_tokens_to_ids([IM_START, IM_END, IMAGE_PAD])
         self.im_start_id, self.im_end_id, self.image_pad_id = (int(i) for i in ids)
         self.stop_token_ids = [self.im_end_id]
+        # the special tokens as the template writes them, longest first
+        self._special_ids = {tok.content: int(i) for i, tok in
+                             self.tokenizer.added_tokens_decoder.items() if tok.special}
+        self._special_re = re.compile("(" + "|".join(
+            re.escape(t) for t in sorted(self._special_ids, key=len, reverse=True)) + ")")
         if not getattr(self.tokenizer, "chat_template", None):
             raise ChatFormatError("the checkpoint has no chat template (chat_template.jinja or "
                                   "chat_template in tokenizer_config.json)")
@@ -114,9 +148,11 @@ class ChatCodec:
 
     # -- rendering -------------------------------------------------------------------
 
-    def _template_message(self, message: Message, images: list[Image.Image]) -> dict:
+    def _template_message(self, message: Message, images: list[Image.Image],
+                          texts: list[str]) -> dict:
         """``message`` as the template sees it: image parts become ``{"type": "image"}``
-        (the template writes the vision tokens), their images go to ``images`` in order."""
+        (the template writes the vision tokens), their images go to ``images`` in order;
+        each text becomes a slot, the text going to ``texts``."""
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise ChatFormatError("message without a role")
@@ -124,7 +160,7 @@ class ChatCodec:
             raise ChatFormatError("message without content")
         content = message["content"]
         if isinstance(content, str):
-            return {"role": role, "content": content}
+            return {"role": role, "content": self._slot(content, texts)}
         parts: list[dict] = []
         for part in content:
             if not isinstance(part, Mapping):
@@ -135,25 +171,41 @@ class ChatCodec:
             elif part.get("type") == "text":
                 if not isinstance(part.get("text"), str):
                     raise ChatFormatError("text part without a string 'text'")
-                parts.append({"type": "text", "text": part["text"]})
+                parts.append({"type": "text", "text": self._slot(part["text"], texts)})
             else:
                 raise ChatFormatError(f"unsupported content part type {part.get('type')!r}")
         return {"role": role, "content": parts}
 
-    def _render(self, messages: Iterable[Message], add_generation_prompt: bool
-                ) -> tuple[str, list[Image.Image]]:
+    @staticmethod
+    def _slot(text: str, texts: list[str]) -> str:
+        texts.append(text)
+        return _TEXT_SLOT.format(len(texts) - 1)
+
+    def _render(self, messages: Iterable[Message], add_generation_prompt: bool) -> _Rendered:
         images: list[Image.Image] = []
-        converted = [self._template_message(m, images) for m in messages]
-        text = self.tokenizer.apply_chat_template(
+        texts: list[str] = []
+        converted = [self._template_message(m, images, texts) for m in messages]
+        skeleton = self.tokenizer.apply_chat_template(
             converted, tokenize=False, add_generation_prompt=add_generation_prompt)
-        return text, images
+        cut = _TEXT_SLOT_RE.split(skeleton)  # template, slot index, template, ...
+        slots = [int(i) for i in cut[1::2]]
+        if sorted(slots) != list(range(len(texts))):
+            raise ChatFormatError("the chat template does not write each message's text "
+                                  "once, verbatim")
+        pieces: list[tuple[str, bool]] = []
+        for k, piece in enumerate(cut):
+            if k % 2:
+                pieces.append((texts[int(piece)], True))
+            elif piece:
+                pieces.append((piece, False))
+        return _Rendered(pieces, images)
 
     def _after_turn_text(self) -> str:
         """What the template writes between an assistant turn's content and the next
         message (ChatML: ``<|im_end|>\n``); it must start with ``<|im_end|>``, the stop
         token the model generates."""
         probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _TURN_MARK}]
-        text, _ = self._render(probe, add_generation_prompt=False)
+        text = self._render(probe, add_generation_prompt=False).text
         if text.count(_TURN_MARK) != 1:
             raise ChatFormatError("the chat template does not write an assistant turn's content "
                                   "verbatim")
@@ -163,16 +215,48 @@ class ChatCodec:
                                   f"not {IM_END} (the stop token the policy generates)")
         return after
 
-    def _tokenize(self, text: str, images: Sequence[Image.Image]) -> list[int]:
-        """``text`` tokenised with each ``<|image_pad|>`` expanded to its image's count."""
-        pieces = text.split(IMAGE_PAD)
-        if len(pieces) != len(images) + 1:
-            raise ChatFormatError(f"the chat template wrote {len(pieces) - 1} image "
-                                  f"placeholders for {len(images)} images")
-        out = [pieces[0]]
-        for image, piece in zip(images, pieces[1:], strict=True):
-            out.append(IMAGE_PAD * self.processor.image_token_count(image) + piece)
-        return list(self.tokenizer("".join(out), add_special_tokens=False)["input_ids"])
+    def _tokenize(self, pieces: Sequence[tuple[str, bool]], images: Sequence[Image.Image]
+                  ) -> list[int]:
+        """The pieces' ids: special tokens read only where the template wrote them, each
+        ``<|image_pad|>`` expanded to its image's count; the text between two special
+        tokens is tokenised as one string with special tokens inert (the messages' texts
+        in it included). A tokenizer splits at special tokens before anything else, so
+        normal text gets the ids of tokenising the whole string."""
+        items: list[tuple[str, bool]] = []  # (text, is a special token)
+        for text, from_message in pieces:
+            if from_message:
+                items.append((text, False))
+                continue
+            for k, part in enumerate(self._special_re.split(text)):
+                if k % 2:
+                    items.append((part, True))
+                elif part:
+                    items.append((part, False))
+        pads = sum(1 for text, special in items if special and text == IMAGE_PAD)
+        if pads != len(images):
+            raise ChatFormatError(f"the chat template wrote {pads} image placeholders for "
+                                  f"{len(images)} images")
+        ids: list[int] = []
+        run: list[str] = []
+        frames = iter(images)
+
+        def flush() -> None:
+            if run:
+                ids.extend(self.tokenizer("".join(run), add_special_tokens=False,
+                                          split_special_tokens=True)["input_ids"])
+                run.clear()
+
+        for text, special in items:
+            if not special:
+                run.append(text)
+                continue
+            flush()
+            if text == IMAGE_PAD:
+                ids.extend([self.image_pad_id] * self.processor.image_token_count(next(frames)))
+            else:
+                ids.append(self._special_ids[text])
+        flush()
+        return ids
 
     # -- public ----------------------------------------------------------------------
 
@@ -181,8 +265,8 @@ class ChatCodec:
     ) -> Encoded:
         """The whole conversation through the template (assistant turns as text),
         placeholders expanded."""
-        text, images = self._render(messages, add_generation_prompt)
-        return Encoded(self._tokenize(text, images), images)
+        rendered = self._render(messages, add_generation_prompt)
+        return Encoded(self._tokenize(rendered.pieces, rendered.images), rendered.images)
 
     def encode_prompt(self, messages: Iterable[Message]) -> Encoded:
         """The initial prompt (system/user messages) followed by the assistant header."""
@@ -200,12 +284,13 @@ class ChatCodec:
             message = {"role": "user", "content": message}
         probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _TURN_MARK},
                  message]
-        text, images = self._render(probe, add_generation_prompt=True)
-        delta = text[text.index(_TURN_MARK) + len(_TURN_MARK):]
+        rendered = self._render(probe, add_generation_prompt=True)
+        mark = rendered.pieces.index((_TURN_MARK, True))
+        delta = rendered.pieces[mark + 1:]
         closed = len(previous_turn) > 0 and int(previous_turn[-1]) == self.im_end_id
-        if closed:
-            delta = delta.removeprefix(IM_END)
-        return Encoded(self._tokenize(delta, images), images)
+        if closed:  # the template's own <|im_end|> after the turn (_after_turn_text)
+            delta = [(delta[0][0].removeprefix(IM_END), False), *delta[1:]]
+        return Encoded(self._tokenize(delta, rendered.images), rendered.images)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """The text of a generated turn, without special tokens (``<|im_end|>``)."""
