@@ -129,15 +129,19 @@ def image_request(codec: ChatCodec, size: int, text: str, seed: int = 0
     return GenerationRequest(enc.token_ids, enc.images)
 
 
+# the recipe learner tests build on: the tests' own, not the demo's configs/local-tiny.yaml
+TEST_RECIPE = "tests/data/recipes/tiny.yaml"
+
 # what an e2e learner run evaluates: nothing (the runs are about the fleet, not the score)
 NO_EVAL = {"every": 0, "eval_seeds": 0, "heldout_seeds": 0, "at_start": False}
 
 
 def learner_config(stack: LocalStack, tmp_path: Path, run: str, model_dir: Path = SFT, *,
-                   base: str = "local-tiny.yaml", model: Mapping[str, Any] | None = None,
+                   base: str = TEST_RECIPE, model: Mapping[str, Any] | None = None,
                    data: Mapping[str, Any] | None = None, grpo: Mapping[str, Any] | None = None,
                    fleet: Mapping[str, Any] | None = None, **sections: Any) -> Path:
-    """A learner config file for `run` on `stack`'s fleet: configs/`base` with the stack's
+    """A learner config file for `run` on `stack`'s fleet: `base` (a recipe relative to
+    the repository: the tests' own by default) with the stack's
     Redis, ckpt-sync and runs root, one replica enough to start, the policy of
     `model_dir`, no calibration step and no time budget (a test's steps are its config's,
     however loaded the machine). `model`, `data`, `grpo` and `fleet` update those
@@ -147,7 +151,7 @@ def learner_config(stack: LocalStack, tmp_path: Path, run: str, model_dir: Path 
 
     from rlfleet.learner_config import load_learner_config, updated
 
-    cfg = load_learner_config(REPO / "configs" / base, env={})
+    cfg = load_learner_config(REPO / base, env={})
     cfg = updated(cfg, {"run": run, "calibrate_step": 0,
                         "model": {"path": model_dir, **(model or {})}, "data": data or {},
                         "grpo": grpo or {},

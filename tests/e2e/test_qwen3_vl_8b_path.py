@@ -38,7 +38,7 @@ RUN = "scaled-8b"
 def learner_config(tmp_path: Path, model: Path, stack) -> Path:  # noqa: ANN001
     # the CPU: fp32, one thread, no GPUs asked of Ray; everything else is the 8B's
     return factories.learner_config(
-        stack, tmp_path, RUN, model, base="qwen3-vl-8b-hyperpod.yaml", steps=2, mode="sync",
+        stack, tmp_path, RUN, model, base="configs/qwen3-vl-8b-hyperpod.yaml", steps=2, mode="sync",
         model={"device": "cpu", "dtype": "float32", "torch_threads": 1},
         data={"groups_per_step": 2, "group_size": 8, "max_turns": 2, "max_new_tokens": 4},
         grpo={"micro_batch_size": 8}, eval=NO_EVAL, checkpoint={"every": 1000},

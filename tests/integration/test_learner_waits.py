@@ -21,7 +21,7 @@ from rlfleet.logs import COMMON_KEYS
 from rlfleet.v1 import common_pb2, rollout_pb2
 from rlfleet_learner.feed import GroupFeed
 from rlfleet_learner.reporting import replica_state
-from tests.factories import REPO, SFT
+from tests.factories import REPO, SFT, TEST_RECIPE
 from tests.waits import scaled
 
 RUN = "waits"
@@ -31,7 +31,7 @@ def test_a_learner_with_no_replica_logs_what_it_waits_for(
         procs, redis_url: str, start_ckptsync, tmp_path: Path) -> None:  # noqa: ANN001
     runs_root = tmp_path / "runs"
     sync = start_ckptsync(redis_url, runs_root)
-    cfg = yaml.safe_load((REPO / "configs" / "local-tiny.yaml").read_text())
+    cfg = yaml.safe_load((REPO / TEST_RECIPE).read_text())
     cfg.update(run=RUN, steps=1, calibrate_step=0)
     cfg["model"].update(path=str(SFT))
     cfg["fleet"].update(redis_url=redis_url, sync_address=sync.address,
