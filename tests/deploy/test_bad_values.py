@@ -84,6 +84,9 @@ CASES = {
     "env entry without args": (env_without_args, [], "missing propert"),
     "typo in a key": (None, ["rollout.replica=3"], "'replica' not allowed"),
     "bad engine": (None, ["rollout.engine=tensorrt"], "/rollout/engine"),
+    "unknown TLS certificate source": (None, ["tls.certManager=maybe"], "/tls/certManager"),
+    "TLS certificates of no life": (None, ["tls.days=0"], "/tls/days"),
+    "typo in a TLS key": (None, ["tls.enable=false"], "'enable' not allowed"),
     "workers outside min..max": (
         None,
         ["learner.workers.replicas=3"],

@@ -563,3 +563,145 @@ def test_notes_without_a_profile_upgrade_with_helm(helm: str) -> None:
     cmds = commands(install_notes(helm, None))
     assert not any(c.startswith("make deploy") for c in cmds)
     assert sum("--reuse-values" in c for c in cmds) == 2
+
+
+# ----------------------------------------------------------------- mutual TLS
+
+# The role whose certificate a workload mounts, by the component label of its pods; the
+# Service name each server's probe checks.
+TLS_ROLE = {"env": "env", "reward": "reward", "ckptsync": "ckptsync", "rollout": "rollout",
+            "learner": "client"}
+TLS_DIR = "/etc/rlfleet/tls"
+
+
+def _tls_secrets(r: Rendered) -> dict[str, dict[str, bytes]]:
+    import base64
+
+    return {o["metadata"]["name"].split("-tls-", 1)[1]:
+            {k: base64.b64decode(v) for k, v in o["data"].items()}
+            for o in r.of_kind("Secret") if "-tls-" in o["metadata"]["name"]}
+
+
+def _sans(pem: bytes) -> set[str]:
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate(pem)
+    return set(cert.extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName))
+
+
+@pytest.mark.parametrize("profile", ["hyperpod", "local"])
+def test_every_service_to_service_call_is_mutual_tls(render, profile: str,
+                                                     tmp_path: Path) -> None:
+    """Both profiles: every pod of the fleet has its role's certificate mounted and the
+    RLFLEET_TLS_* that make its servers ask for a client certificate of the fleet's CA and
+    its clients present one and check the server's name; every readiness probe checks over
+    mTLS; the chart-made certificates name their Services and verify against the one CA."""
+    from rlfleet.rpc.tls import check_pair
+
+    r = render(PROFILES[profile])
+    fullname = "rlfleet"
+    ns = "rlfleet"
+    checked = set()
+    for owner, template in pod_specs(r):
+        component = template["metadata"]["labels"]["app.kubernetes.io/component"]
+        if component not in TLS_ROLE or owner.endswith("#submitter"):
+            continue  # redis, prometheus; the submitter talks to Ray's Jobs API only
+        role = TLS_ROLE[component]
+        c = template["spec"]["containers"][0]
+        env = env_of(c)
+        assert env["RLFLEET_TLS_CERT"]["value"] == f"{TLS_DIR}/tls.crt", owner
+        assert env["RLFLEET_TLS_KEY"]["value"] == f"{TLS_DIR}/tls.key", owner
+        assert env["RLFLEET_TLS_CLIENT_CA"]["value"] == f"{TLS_DIR}/ca.crt", owner
+        assert env["RLFLEET_TLS_IP_SERVER_NAME"]["value"] == f"{fullname}-rollout", owner
+        assert {"name": "tls", "mountPath": TLS_DIR, "readOnly": True} in c["volumeMounts"]
+        volume = next(v for v in template["spec"]["volumes"] if v["name"] == "tls")
+        assert volume["secret"]["secretName"] == f"{fullname}-tls-{role}", owner
+        if role != "client":
+            service = f"{fullname}-{role}"
+            probe = c["readinessProbe"]["exec"]["command"]
+            assert probe[:2] == ["rlfleet", "health"] and \
+                probe[-2:] == ["--tls-server-name", service], (owner, probe)
+        checked.add(role)
+    assert checked == set(TLS_ROLE.values()), checked
+    # helm test's pod calls every service with the client certificate
+    (test_pod,) = [o for o in r.of_kind("Pod") if o["metadata"]["name"].endswith("test-fleet")]
+    assert env_of(test_pod["spec"]["containers"][0])["RLFLEET_TLS_CERT"]
+    assert any(v.get("secret", {}).get("secretName") == f"{fullname}-tls-client"
+               for v in test_pod["spec"]["volumes"])
+
+    secrets = _tls_secrets(r)
+    assert set(secrets) == {"ca", *TLS_ROLE.values()}
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes(secrets["ca"]["tls.crt"])
+    services = {o["metadata"]["name"] for o in r.of_kind("Service")}
+    for role, files in secrets.items():
+        if role == "ca":
+            continue
+        assert files["ca.crt"] == secrets["ca"]["tls.crt"], role  # one CA per release
+        crt, key = tmp_path / f"{role}.crt", tmp_path / f"{role}.key"
+        crt.write_bytes(files["tls.crt"])
+        key.write_bytes(files["tls.key"])
+        check_pair(crt, key, ca, as_server=role != "client", as_client=True)
+        if role == "client":
+            continue
+        names = _sans(files["tls.crt"])
+        # every Service of the role, by each of its DNS names
+        own = {s for s in services if s == f"{fullname}-{role}"
+               or s.startswith(f"{fullname}-{role}-")}
+        assert own, role
+        for s in own:
+            assert {s, f"{s}.{ns}", f"{s}.{ns}.svc", f"{s}.{ns}.svc.cluster.local"} <= names, \
+                (role, s, names)
+        # and no other role's: the env's certificate cannot pass for the rollout
+        others = {f"{fullname}-{o}" for o in ("env", "reward", "ckptsync", "rollout")
+                  if o != role}
+        assert not names & others, (role, names)
+
+
+@pytest.mark.parametrize("how", [["--set", "tls.certManager=true"],
+                                 ["--api-versions", "cert-manager.io/v1"]])
+def test_cert_manager_makes_the_certificates_when_it_is_there(render, validator: Validator,
+                                                              how: list[str]) -> None:
+    r = render(HYPERPOD, extra=how)
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in r.objects}
+    assert not [n for (k, n) in objs if k == "Secret" and "-tls-" in n]  # cert-manager's
+    for o in r.objects:
+        if o["apiVersion"] == "cert-manager.io/v1":
+            assert validator.validate(o) == [], o["metadata"]["name"]
+    assert objs[("Issuer", "rlfleet-selfsigned")]["spec"] == {"selfSigned": {}}
+    ca = objs[("Certificate", "rlfleet-ca")]["spec"]
+    assert ca["isCA"] and ca["secretName"] == "rlfleet-tls-ca"
+    assert ca["privateKey"]["rotationPolicy"] == "Never"  # renewals keep the CA's key
+    assert objs[("Issuer", "rlfleet-ca")]["spec"] == {"ca": {"secretName": "rlfleet-tls-ca"}}
+    for role in ("env", "reward", "ckptsync", "rollout", "client"):
+        spec = objs[("Certificate", f"rlfleet-{role}")]["spec"]
+        assert spec["secretName"] == f"rlfleet-tls-{role}"
+        assert spec["issuerRef"] == {"group": "cert-manager.io", "kind": "Issuer",
+                                     "name": "rlfleet-ca"}
+        assert ("server auth" in spec["usages"]) == (role != "client")
+        assert "client auth" in spec["usages"]
+        if role != "client":
+            assert {f"rlfleet-{role}", f"rlfleet-{role}.rlfleet.svc.cluster.local"} \
+                <= set(spec["dnsNames"])
+    # without cert-manager (auto, and not served) the chart makes them
+    plain = render(HYPERPOD)
+    assert not [o for o in plain.objects if o["apiVersion"].startswith("cert-manager.io")]
+
+
+def test_cert_manager_schemas_reject_a_bad_certificate(validator: Validator) -> None:
+    bad = {"apiVersion": "cert-manager.io/v1", "kind": "Certificate",
+           "metadata": {"name": "x"},
+           "spec": {"secretName": "s", "issuerRef": {"name": "i"}, "dnsNamez": ["a"]}}
+    assert "dnsNamez" in " | ".join(p.message for p in validator.validate(bad))
+    issuer = {"apiVersion": "cert-manager.io/v1", "kind": "Issuer", "metadata": {"name": "i"},
+              "spec": {"ca": {}}}
+    assert "secretName" in " | ".join(p.message for p in validator.validate(issuer))
+
+
+def test_tls_off_is_plaintext_explicitly(render) -> None:
+    r = render(LOCAL, "tls.enabled=false")
+    assert "RLFLEET_TLS_" not in r.text and "-tls-" not in r.text
+    for owner, template in pod_specs(r):
+        probe = template["spec"]["containers"][0].get("readinessProbe", {})
+        assert "--tls-server-name" not in probe.get("exec", {}).get("command", []), owner

@@ -2,7 +2,8 @@
 
 Built-in kinds are checked with kubernetes-validate's strict schemas for one Kubernetes
 version (unknown fields rejected). Custom resources are checked against the structural
-CRD schemas kept in deploy/schemas/crds, made strict here: unknown fields are rejected,
+CRD schemas kept in deploy/schemas/crds (and its subdirectories: cert-manager's
+Certificate and Issuer), made strict here: unknown fields are rejected,
 int-or-string fields accept either, and embedded pod templates (RayJob/RayCluster groups)
 are checked against the Kubernetes PodTemplateSpec schema of the same version. A kind with
 no schema is an error, never a warning.
@@ -78,7 +79,10 @@ def _strict(node: Any) -> Any:
 def load_crd_schemas(crd_dir: Path = DEFAULT_CRD_DIR) -> dict[tuple[str, str], dict[str, Any]]:
     """(apiVersion, kind) -> strict JSON Schema, from the CRD files in crd_dir."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
-    files = sorted(Path(crd_dir).glob("*.yaml"))
+    # Subdirectories too: deploy/schemas/crds/cert-manager holds cert-manager's Certificate
+    # and Issuer, for validation only (`kubectl apply -f crds` leaves them out: a cluster
+    # with those kinds registered makes the chart ask cert-manager for its certificates).
+    files = sorted(Path(crd_dir).rglob("*.yaml"))
     if not files:
         where = "" if Path(crd_dir).is_absolute() else f" (under {Path.cwd()})"
         raise FileNotFoundError(f"no CRD schemas (*.yaml) in {crd_dir}{where}: run from the "

@@ -153,6 +153,9 @@ helm.sh/chart: {{ include "rlfleet.chart" .root }}
   value: /tmp
 - name: PYTHONDONTWRITEBYTECODE
   value: "1"
+{{- if .Values.tls.enabled }}
+{{ include "rlfleet.tlsEnv" . }}
+{{- end }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -202,10 +205,90 @@ helm.sh/chart: {{ include "rlfleet.chart" .root }}
 {{- end -}}
 
 {{/* exec probe through `rlfleet health`: works on every Kubernetes version (native gRPC
-     probes need 1.24+) and sends the fleet's auth token. dict "port" (include "rlfleet.port.rollout" .) */}}
+     probes need 1.24+, and cannot present a client certificate). With TLS it uses the
+     pod's own certificate (RLFLEET_TLS_*) and checks the server's certificate names the
+     service. dict "root" $ "port" (include "rlfleet.port.rollout" .) "service" NAME */}}
 {{- define "rlfleet.healthProbe" -}}
 exec:
+  {{- if .root.Values.tls.enabled }}
+  command: ["rlfleet", "health", "127.0.0.1:{{ .port }}", "--tls-server-name", {{ .service | quote }}]
+  {{- else }}
   command: ["rlfleet", "health", "127.0.0.1:{{ .port }}"]
+  {{- end }}
+{{- end -}}
+
+{{/* TLS (tls.enabled) ------------------------------------------------------------ */}}
+
+{{- define "rlfleet.tlsDir" -}}/etc/rlfleet/tls{{- end -}}
+
+{{/* Whether cert-manager makes the certificates: "true" or "". */}}
+{{- define "rlfleet.tlsCertManager" -}}
+{{- $m := toString .Values.tls.certManager -}}
+{{- if eq $m "true" -}}true
+{{- else if and (eq $m "auto") (.Capabilities.APIVersions.Has "cert-manager.io/v1") -}}true
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret of a role's certificate (env, reward, ckptsync, rollout, client). dict "root" $ "role" R */}}
+{{- define "rlfleet.tlsSecretName" -}}{{ include "rlfleet.fullname" .root }}-tls-{{ .role }}{{- end -}}
+
+{{/* The Services a role's certificate names, comma-separated (short names). */}}
+{{- define "rlfleet.tlsServices" -}}
+{{- $fullname := include "rlfleet.fullname" .root -}}
+{{- $names := list -}}
+{{- if has .role (list "env" "reward") -}}
+{{- $names = append $names (printf "%s-%s" $fullname .role) -}}
+{{- range (index .root.Values .role).services -}}
+{{- $names = append $names (printf "%s-%s-%s" $fullname $.role .name) -}}
+{{- end -}}
+{{- else if eq .role "rollout" -}}
+{{- $names = list (printf "%s-rollout" $fullname) (include "rlfleet.rolloutService" .root) -}}
+{{- else -}}
+{{- $names = list (printf "%s-%s" $fullname .role) -}}
+{{- end -}}
+{{- join "," $names -}}
+{{- end -}}
+
+{{/* Every DNS name of a role's Services: name, name.ns, name.ns.svc, name.ns.svc.<domain>. */}}
+{{- define "rlfleet.tlsDnsNames" -}}
+{{- $ns := .root.Release.Namespace -}}
+{{- $domain := .root.Values.tls.clusterDomain -}}
+{{- $out := list -}}
+{{- range splitList "," (include "rlfleet.tlsServices" .) -}}
+{{- $out = concat $out (list . (printf "%s.%s" . $ns) (printf "%s.%s.svc" . $ns) (printf "%s.%s.svc.%s" . $ns $domain)) -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- end -}}
+
+{{/* The TLS environment of every pod: its certificate (the mounted Secret), the fleet's
+     CA, and the name replicas' certificates carry (the learner calls replicas at their
+     pod addresses). */}}
+{{- define "rlfleet.tlsEnv" -}}
+- name: RLFLEET_TLS_CERT
+  value: {{ include "rlfleet.tlsDir" . }}/tls.crt
+- name: RLFLEET_TLS_KEY
+  value: {{ include "rlfleet.tlsDir" . }}/tls.key
+- name: RLFLEET_TLS_CLIENT_CA
+  value: {{ include "rlfleet.tlsDir" . }}/ca.crt
+- name: RLFLEET_TLS_IP_SERVER_NAME
+  value: {{ include "rlfleet.fullname" . }}-rollout
+{{- end -}}
+
+{{/* The pod's certificate volume. dict "root" $ "role" R */}}
+{{- define "rlfleet.tlsVolume" -}}
+{{- if .root.Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ include "rlfleet.tlsSecretName" . }}
+{{- end }}
+{{- end -}}
+
+{{- define "rlfleet.tlsMount" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  mountPath: {{ include "rlfleet.tlsDir" . }}
+  readOnly: true
+{{- end }}
 {{- end -}}
 
 {{- define "rlfleet.metricsAnnotations" -}}
@@ -379,7 +462,7 @@ spec:
               containerPort: {{ include "rlfleet.port.envMetrics" . }}
               protocol: TCP
           readinessProbe:
-            {{- include "rlfleet.healthProbe" (dict "port" (include "rlfleet.port.env" .)) | nindent 12 }}
+            {{- include "rlfleet.healthProbe" (dict "root" $root "port" (include "rlfleet.port.env" .) "service" (printf "%s-%s" $fullname $role)) | nindent 12 }}
             periodSeconds: 10
             timeoutSeconds: 5
             failureThreshold: 3
@@ -400,8 +483,10 @@ spec:
             {{- toYaml $root.Values.containerSecurityContext | nindent 12 }}
           volumeMounts:
             {{- include "rlfleet.sharedMounts" $root | nindent 12 }}
+            {{- include "rlfleet.tlsMount" $root | nindent 12 }}
       volumes:
         {{- include "rlfleet.sharedVolume" $root | nindent 8 }}
+        {{- include "rlfleet.tlsVolume" (dict "root" $root "role" $role) | nindent 8 }}
       {{- with $v.nodeSelector }}
       nodeSelector:
         {{- toYaml . | nindent 8 }}

@@ -103,6 +103,7 @@ spec:
         {{- toYaml $l.containerSecurityContext | nindent 8 }}
       volumeMounts:
         {{- include "rlfleet.sharedMounts" $ | nindent 8 }}
+        {{- include "rlfleet.tlsMount" $ | nindent 8 }}
         - name: learner-config
           mountPath: /etc/rlfleet
           readOnly: true
@@ -117,6 +118,7 @@ spec:
         {{- end }}
   volumes:
     {{- include "rlfleet.sharedVolume" $ | nindent 4 }}
+    {{- include "rlfleet.tlsVolume" (dict "root" $ "role" "client") | nindent 4 }}
     - name: learner-config
       configMap:
         name: {{ include "rlfleet.fullname" $ }}-learner
