@@ -277,6 +277,99 @@ def test_every_pod_is_ready_through_its_probe(fleet: Fleet) -> None:
              diagnose=lambda: f"last count: {seen[-1:]}\n{fleet.diagnose()}")
 
 
+# The fleet's gRPC services, as every pod calls them (the chart's Service names).
+SERVICES = {"env": f"{RELEASE}-env:50051", "reward": f"{RELEASE}-reward:50051",
+            "ckptsync": f"{RELEASE}-ckptsync:50053", "rollout": f"{RELEASE}-rollout:50052"}
+# Run in a pod of the env image: the health check of every service with each set of
+# credentials the pod has (/etc/rogue: the fleet's CA certificate, to check the servers
+# with, and a certificate from another CA); one JSON line of statuses.
+ROGUE_PROBE = """
+import json, pathlib
+from rlfleet.rpc.health import check
+d = pathlib.Path("/etc/rogue")
+cases = {"plaintext": None, "no certificate": {"ca_file": d / "ca.crt"},
+         "another CA's certificate": {"ca_file": d / "ca.crt", "cert_file": d / "tls.crt",
+                                      "key_file": d / "tls.key"}}
+print(json.dumps({case: {name: check(address, timeout_s=20, tls=tls)
+                         for name, address in SERVICES.items()}
+                  for case, tls in cases.items()}))
+"""
+
+
+def _rogue_certificate(directory: Path) -> None:
+    """tls.crt/tls.key: a client certificate from a CA of its own (not the fleet's)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rogue-ca")])
+    cert = (x509.CertificateBuilder().subject_name(
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{RELEASE}-client")]))
+        .issuer_name(ca).public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256()))
+    (directory / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (directory / "tls.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+
+
+def test_services_refuse_a_pod_without_the_fleets_certificate(fleet: Fleet,
+                                                              tmp_path: Path) -> None:
+    """mTLS is on: a pod with no client certificate, or one from another CA, is refused by
+    every service in the handshake (UNAVAILABLE: no handler is reached), and so is a
+    plaintext call; `rlfleet health` with the fleet's certificate (the learner's pod, its
+    RLFLEET_TLS_* environment) is served by each."""
+    import base64
+
+    ca = fleet.kubectl_json("get", "secret", f"{RELEASE}-tls-ca")["data"]["ca.crt"]
+    (tmp_path / "ca.crt").write_bytes(base64.b64decode(ca))
+    _rogue_certificate(tmp_path)
+    fleet.k("delete", "secret,pod", "rogue-tls", "--ignore-not-found", "--wait=true")
+    fleet.k("create", "secret", "generic", "rogue-tls",
+            *(f"--from-file={tmp_path / n}" for n in ("ca.crt", "tls.crt", "tls.key")))
+    like = fleet.pods("env")[0]["spec"]
+    script = f"SERVICES = {SERVICES!r}\n{ROGUE_PROBE}"
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "rogue-tls"},
+           "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,
+                    "securityContext": like.get("securityContext", {}),
+                    "containers": [{
+                        "name": "probe", "image": like["containers"][0]["image"],
+                        "imagePullPolicy": "Never", "command": ["python3", "-c", script],
+                        "env": [{"name": "HOME", "value": "/tmp"}],
+                        "securityContext": like["containers"][0].get("securityContext", {}),
+                        "volumeMounts": [{"name": "rogue", "mountPath": "/etc/rogue",
+                                          "readOnly": True},
+                                         {"name": "tmp", "mountPath": "/tmp"}]}],
+                    "volumes": [{"name": "rogue", "secret": {"secretName": "rogue-tls"}},
+                                {"name": "tmp", "emptyDir": {}}]}}
+    manifest = tmp_path / "rogue.json"
+    manifest.write_text(json.dumps(pod))
+    try:
+        fleet.k("apply", "-f", str(manifest))
+        wait_for(lambda: fleet.kubectl_json("get", "pod", "rogue-tls")["status"].get("phase")
+                 in ("Succeeded", "Failed"), 300, "the rogue pod to finish", fleet.diagnose)
+        logs = fleet.k("logs", "rogue-tls").stdout.strip().splitlines()
+        statuses = json.loads(logs[-1])
+    finally:
+        fleet.k("delete", "pod,secret", "rogue-tls", "--ignore-not-found", check=False)
+    assert set(statuses) == {"plaintext", "no certificate", "another CA's certificate"}
+    for case, by_service in statuses.items():
+        assert by_service == {name: "UNAVAILABLE" for name in SERVICES}, (case, by_service)
+    # the fleet's own certificate, from the environment the chart gives the learner's pod
+    head = fleet.ray_node("head")[0]["metadata"]["name"]
+    for name, address in SERVICES.items():
+        out = fleet.k("exec", head, "--", "rlfleet", "health", "--timeout", "20", address)
+        assert out.stdout.strip() == "SERVING", (name, out.stdout, out.stderr)
+
+
 def test_the_node_keeps_its_images_by_the_id_they_were_built_as(fleet: Fleet) -> None:
     """The node's images outlive the cluster (scripts/k8s/cluster.sh), so a later start
     loads only what changed: every image in the node is labelled with the buildah image ID
