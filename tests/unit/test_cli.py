@@ -251,7 +251,7 @@ def test_every_flag_has_help_that_shows_its_default() -> None:
 
 
 def test_settings_flags_show_the_settings_defaults() -> None:
-    from rlfleet_env.server import EnvSettings
+    from rlfleet_env.settings import EnvSettings
 
     serve = _subparser(build_parser(), "env", "serve")
     text = serve.format_help()

@@ -31,14 +31,14 @@ SERVICES = {
         ["--port", "50999", "--max-batch", "7", "--run", "r1", "--set", "heartbeat_s=1.5",
          "--engine-args", '{"dtype": "float32"}', "--env-address", "10.0.0.1:50051"]),
     "env": (
-        "rlfleet_env.server:EnvSettings", ["env", "serve"],
+        "rlfleet_env.settings:EnvSettings", ["env", "serve"],
         {"tasks": ["maze_2d"], "max_episodes": 5, "episode_ttl_s": 9.5, "role": "env"},
         {"RLFLEET_TASKS": "maze_2d", "RLFLEET_MAX_EPISODES": "5",
          "RLFLEET_EPISODE_TTL_S": "9.5", "RLFLEET_ROLE": "env"},
         ["--tasks", "maze_2d", "--set", "max_episodes=5", "--set", "episode_ttl_s=9.5",
          "--role", "env"]),
     "ckptsync": (
-        "rlfleet_ckptsync.server:SyncSettings", ["ckptsync", "serve"],
+        "rlfleet_ckptsync.settings:SyncSettings", ["ckptsync", "serve"],
         {"keep_last": 5, "gc_delay_s": 1.5, "redis_url": "redis://r:6379/1",
          "runs_root": "/tmp/somewhere"},
         {"RLFLEET_KEEP_LAST": "5", "RLFLEET_GC_DELAY_S": "1.5",

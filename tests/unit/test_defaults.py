@@ -65,10 +65,10 @@ def test_a_reward_image_of_ones_own_serves_on_the_env_port() -> None:
 
 def test_every_settings_model_takes_the_runs_root_and_ports_from_defaults() -> None:
     from rlfleet.learner_config import FleetConfig
-    from rlfleet.reward.service import RewardSettings
+    from rlfleet.reward.settings import RewardSettings
     from rlfleet.storage.paths import DEFAULT_RUNS_ROOT
-    from rlfleet_ckptsync.server import SyncSettings
-    from rlfleet_env.server import EnvSettings
+    from rlfleet_ckptsync.settings import SyncSettings
+    from rlfleet_env.settings import EnvSettings
     from rlfleet_rollout.settings import RolloutSettings
 
     assert DEFAULT_RUNS_ROOT == defaults.RUNS_ROOT

@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "deploy" / "schemas"))
 from gen_learner_schema import DOC, SCHEMA, doc_table  # noqa: E402
 
-SETTINGS = ["rlfleet_rollout.settings:RolloutSettings", "rlfleet_env.server:EnvSettings",
-            "rlfleet_ckptsync.server:SyncSettings", "rlfleet.reward.service:RewardSettings"]
+SETTINGS = ["rlfleet_rollout.settings:RolloutSettings", "rlfleet_env.settings:EnvSettings",
+            "rlfleet_ckptsync.settings:SyncSettings", "rlfleet.reward.settings:RewardSettings"]
 
 
 def sections(model: type[BaseModel]) -> list[type[BaseModel]]:

@@ -29,7 +29,7 @@ from rlfleet.maze.render import (
 from rlfleet.maze.tasks import new_episode
 from rlfleet.v1 import common_pb2, env_pb2
 from rlfleet_env.episodes import EpisodeTable
-from rlfleet_env.servicers import EnvServicer
+from rlfleet_env.servicer import EnvServicer
 from tests.waits import scaled
 
 MOVES = ["('move', 0)", "('move', 1)", "('move', 2)", "('move', 3)"]
@@ -276,8 +276,8 @@ def test_no_image_means_no_png_and_no_encoder(monkeypatch, cold_cache) -> None:
     monkeypatch.setattr(render_mod.hashlib, "sha256", boom)
     monkeypatch.setattr(FrameCache, "frames", boom)
     monkeypatch.setattr(FrameCache, "submit", boom)
-    monkeypatch.setattr("rlfleet_env.servicers.render_frames", boom)
-    monkeypatch.setattr("rlfleet_env.servicers.submit_frames", boom)
+    monkeypatch.setattr("rlfleet_env.servicer.render_frames", boom)
+    monkeypatch.setattr("rlfleet_env.servicer.submit_frames", boom)
     table = EpisodeTable()
     try:
         replies, _ = _play(EnvServicer(table), include_image=False)

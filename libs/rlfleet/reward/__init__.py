@@ -281,7 +281,8 @@ def serve(reward: RewardFunction, *, port: int = defaults.REWARD_PORT, host: str
     `rlfleet.service.ServiceSettings` fields (``grace_s``, ``tls_cert``, ...). With
     `block` (the default) it runs until SIGTERM/SIGINT and returns the exit code;
     otherwise it returns the started `rlfleet.rpc.GrpcServer` (tests, embedding)."""
-    from rlfleet.reward.service import RewardSettings, build_server, run
+    from rlfleet.reward.service import build_server, run
+    from rlfleet.reward.settings import RewardSettings
 
     config = RewardSettings(port=port, host=host, metrics_port=metrics_port, **settings)
     server = build_server(check_reward(reward), config, tasks=tasks)

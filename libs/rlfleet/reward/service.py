@@ -12,6 +12,7 @@ from pydantic import Field, create_model
 from rlfleet import defaults, limits
 from rlfleet.cliargs import Parser, add_setting
 from rlfleet.reward import Episode, RewardFunction, Score
+from rlfleet.reward.settings import RewardSettings
 from rlfleet.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, RpcError
 from rlfleet.rpc.server import GrpcServer
 from rlfleet.service import ServiceSettings, add_common_args, serve_forever, settings_or_exit
@@ -100,16 +101,6 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
 def registration(servicer: RewardServicer):  # noqa: ANN201
     return lambda s: reward_pb2_grpc.add_RewardServiceServicer_to_server(servicer, s) \
         or REWARD_SERVICE
-
-
-class RewardSettings(ServiceSettings):
-    """Settings of a stand-alone reward service (`rlfleet.reward.serve` / `main`)."""
-
-    port: int = Field(defaults.REWARD_PORT, ge=0, le=65535)
-    metrics_port: int | None = Field(defaults.REWARD_METRICS_PORT, ge=0, le=65535)
-    max_connection_age_s: float | None = Field(
-        30.0, gt=0, description="short calls: replicas follow a swap behind a Kubernetes "
-        "Service within this long")
 
 
 def build_server(reward: RewardFunction, settings: ServiceSettings,

@@ -9,13 +9,14 @@ from pathlib import Path
 from rlfleet.cliargs import add_common_args, add_setting
 
 # named, not imported: registering the command must not import pydantic or grpc
-SETTINGS = "rlfleet_ckptsync.server:SyncSettings"
+SETTINGS = "rlfleet_ckptsync.settings:SyncSettings"
 
 
 def _serve(args: argparse.Namespace) -> int:
     from rlfleet.config import ConfigError
     from rlfleet.service import serve_forever, settings_or_exit
-    from rlfleet_ckptsync.server import SyncSettings, make_server
+    from rlfleet_ckptsync.server import make_server
+    from rlfleet_ckptsync.settings import SyncSettings
 
     settings = settings_or_exit(SyncSettings, args, "ckptsync")
     try:

@@ -7,12 +7,13 @@ import argparse
 from rlfleet.cliargs import add_common_args, add_setting, field_choices
 
 # named, not imported: registering the command must not import pydantic or grpc
-SETTINGS = "rlfleet_env.server:EnvSettings"
+SETTINGS = "rlfleet_env.settings:EnvSettings"
 
 
 def _serve(args: argparse.Namespace) -> int:
     from rlfleet.service import serve_forever, settings_or_exit
-    from rlfleet_env.server import EnvSettings, banner, make_server
+    from rlfleet_env.server import banner, make_server
+    from rlfleet_env.settings import EnvSettings
 
     settings = settings_or_exit(EnvSettings, args, "env")
     server, table = make_server(settings)
