@@ -158,7 +158,9 @@ def learner_config(stack: LocalStack, tmp_path: Path, run: str, model_dir: Path 
                         "fleet": {"redis_url": stack.redis_url,
                                   "sync_address": stack.sync_address,
                                   "runs_root": stack.runs_root, "min_replicas": 1,
-                                  **(fleet or {})}},
+                                  # the local stack's replicas run the hf engine, which
+                                  # samples as hot as HOT_SHORT_EPISODES asks
+                                  "engines": ["hf"], **(fleet or {})}},
                   replace={"minutes": None, **sections})
     path = tmp_path / f"{run}.yaml"
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_unset=True)))

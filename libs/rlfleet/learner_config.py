@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rlfleet import defaults
+from rlfleet import defaults, limits
 from rlfleet.config import (
     ClientTls,
     ClosedModel,
@@ -27,7 +27,7 @@ from rlfleet.config import (
 )
 from rlfleet.grpo import GRPOConfig
 from rlfleet.maze.tasks import EVAL_SEEDS, HELDOUT_SEEDS
-from rlfleet.names import CONTEXTS
+from rlfleet.names import CONTEXTS, ENGINE_NAMES
 
 
 class ModelConfig(ClosedModel):
@@ -101,8 +101,10 @@ class DataConfig(ClosedModel):
     max_moves: int | None = Field(
         None, ge=0, le=4096, description="curriculum: training mazes whose shortest "
         "solution has more moves are passed over; none: no upper bound")
-    temperature: float = Field(1.0, gt=0, le=5, description="the replicas' sampling "
-                               "temperature (grpo.temperature follows it)")
+    temperature: float = Field(
+        1.0, gt=0, le=max(limits.MAX_TEMPERATURE.values()), description="the replicas' "
+        "sampling temperature (grpo.temperature follows it); at most what each engine of "
+        "fleet.engines serves (vLLM: 2, hf: 5)")
     max_new_tokens: int = Field(4, ge=1, le=4096, description="tokens generated a turn, "
                                 "at most")
 
@@ -219,6 +221,11 @@ class FleetConfig(ClosedModel):
         "learner checkpoints and stops")
     max_groups_in_flight: int = Field(8, ge=1, description="groups sent to replicas and "
                                       "not yet answered, at most")
+    engines: tuple[Literal[ENGINE_NAMES], ...] = Field(  # type: ignore[valid-type]
+        ENGINE_NAMES, min_length=1, description="the engines the fleet's replicas may run: "
+        "the sampling settings are checked against each at load (a replica refuses what "
+        "its engine cannot serve, and the group is not re-sent); default: every engine "
+        "rlfleet ships")
 
 
 class RayConfig(ClosedModel):
@@ -318,6 +325,12 @@ class LearnerConfig(ClosedModel):
                 f"data.temperature={self.data.temperature:g}, the temperature replicas "
                 "sample at: the importance ratio would compare unlike logprobs (drop "
                 "grpo.temperature)")
+        for engine in self.fleet.engines:
+            try:
+                limits.check_sampling(engine, self.data.temperature)
+            except limits.UnservableSampling as exc:
+                raise ValueError(f"data.temperature: {exc} (fleet.engines: "
+                                 f"{', '.join(self.fleet.engines)})") from None
         if self.deterministic and self.mode != "sync":
             raise ValueError("deterministic runs need mode: sync")
         if self.deterministic and self.minutes is not None:

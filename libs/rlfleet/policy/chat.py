@@ -56,6 +56,7 @@ from typing import Any
 from PIL import Image
 
 from rlfleet.data_urls import data_url_bytes
+from rlfleet.limits import ImageBounds, InputTooLarge
 from rlfleet.policy.loading import PolicyProcessor
 from rlfleet.policy.tokenizer import IM_END, IM_START, IMAGE_PAD
 
@@ -66,20 +67,38 @@ class ChatFormatError(ValueError):
     """A message or content part the codec cannot encode."""
 
 
-def image_from_part(part: Mapping[str, Any]) -> Image.Image:
-    """The RGB image of a content part: ``image_url`` with a data URL, or ``image``."""
+_DEFAULT_BOUNDS = ImageBounds()
+
+
+def image_from_part(part: Mapping[str, Any], bounds: ImageBounds = _DEFAULT_BOUNDS
+                    ) -> Image.Image:
+    """The RGB image of a content part: ``image_url`` with a data URL, or ``image``.
+
+    An encoded image is checked against ``bounds`` (its bytes, then its size from the
+    header, which is all ``Image.open`` reads) before any pixel is decoded: InputTooLarge
+    naming the size and the limit."""
     if part.get("type") == "image_url" or "image_url" in part:
         try:
             raw = data_url_bytes(part.get("image_url"))
-            img = Image.open(io.BytesIO(raw))
-            img.load()
-        except OSError as e:
-            raise ChatFormatError(f"undecodable image data URL: {e}") from e
         except ValueError as e:
             raise ChatFormatError(str(e)) from e
+        bounds.check_image_bytes(len(raw))
+        try:
+            img = Image.open(io.BytesIO(raw))
+        except Image.DecompressionBombError as e:  # Pillow's own bound, far above ours
+            raise InputTooLarge(f"an image over the limit of {bounds.image_pixels} "
+                                f"pixels per image (Pillow: {e})") from None
+        except OSError as e:
+            raise ChatFormatError(f"undecodable image data URL: {e}") from e
+        bounds.check_image_size(*img.size)
+        try:
+            img.load()
+        except (OSError, ValueError) as e:
+            raise ChatFormatError(f"undecodable image data URL: {e}") from e
         return img.convert("RGB")
     img = part.get("image")
     if isinstance(img, Image.Image):
+        bounds.check_image_size(*img.size)
         return img.convert("RGB")
     raise ChatFormatError(f"unsupported image part: keys {sorted(part)}")
 
@@ -130,8 +149,10 @@ _TURN_MARK = "RLFLEETTURNMARK"
 class ChatCodec:
     """Encodes prompts and observation deltas with the checkpoint's chat template."""
 
-    def __init__(self, processor: PolicyProcessor) -> None:
+    def __init__(self, processor: PolicyProcessor, image_bounds: ImageBounds | None = None
+                 ) -> None:
         self.processor = processor
+        self.image_bounds = image_bounds or ImageBounds()
         self.tokenizer = processor.tokenizer
         ids = self.tokenizer.convert_tokens_to_ids([IM_START, IM_END, IMAGE_PAD])
         self.im_start_id, self.im_end_id, self.image_pad_id = (int(i) for i in ids)
@@ -166,7 +187,7 @@ class ChatCodec:
             if not isinstance(part, Mapping):
                 raise ChatFormatError(f"content part must be a dict, got {type(part).__name__}")
             if _is_image_part(part):
-                images.append(image_from_part(part))
+                images.append(image_from_part(part, self.image_bounds))
                 parts.append({"type": "image"})
             elif part.get("type") == "text":
                 if not isinstance(part.get("text"), str):

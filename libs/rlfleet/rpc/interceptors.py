@@ -28,6 +28,7 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Histogram
 
+from rlfleet.limits import InputTooLarge, UnservableSampling
 from rlfleet.rpc.callproof import ANSWER_HEADER, answer_key, check_proof, make_answer, proof_key
 from rlfleet.rpc.callproof import SCHEME as PROOF_SCHEME
 from rlfleet.rpc.errors import InvalidArgument, RpcError
@@ -400,6 +401,7 @@ class ErrorsAndMetricsInterceptor(grpc.ServerInterceptor):
 
         def fail(exc: Exception, start: float, context: grpc.ServicerContext) -> None:
             """Records the call and aborts it with the status `exc` stands for."""
+            exc = domain_status(exc)
             if isinstance(exc, RpcError):
                 details = bounded_details(exc.message)
                 record(start, exc.code, details)
@@ -459,6 +461,16 @@ class ErrorsAndMetricsInterceptor(grpc.ServerInterceptor):
             return unary
 
         return _replace_behaviour(handler, wrap)
+
+
+def domain_status(exc: Exception) -> Exception:
+    """The status a domain error raised deep in a handler stands for: an input over a
+    bound (rlfleet.limits.InputTooLarge, e.g. an env's image) or a sampling setting the
+    engine cannot serve is the caller's, the same from every replica: INVALID_ARGUMENT,
+    which no client re-sends. Anything else is returned as it is."""
+    if isinstance(exc, InputTooLarge | UnservableSampling):
+        return InvalidArgument(str(exc))
+    return exc
 
 
 # Status details travel percent-encoded in a trailer; clients drop trailers over 8-16 KiB

@@ -49,14 +49,13 @@ from rlfleet_rollout.closer import EpisodeCloser
 from rlfleet_rollout.loaded_adapters import LiveAdapter
 
 
-def sampling_config(params: rollout_pb2.SamplingParams) -> SamplingConfig:
-    """Proto sampling params to the engine's, with range checks (INVALID_ARGUMENT)."""
-    if not 0.0 <= params.temperature <= 5.0:
-        raise InvalidArgument(f"temperature must be in 0..5, got {params.temperature}")
-    if not 0.0 <= params.top_p <= 1.0:
-        raise InvalidArgument(f"top_p must be in (0, 1] (0 = 1), got {params.top_p}")
-    if not 0 <= params.top_k <= 100_000:
-        raise InvalidArgument(f"top_k must be in 0..100000, got {params.top_k}")
+def sampling_config(params: rollout_pb2.SamplingParams, engine: str = "") -> SamplingConfig:
+    """Proto sampling params to the engine's, checked against what `engine` serves (''
+    : what every engine serves): INVALID_ARGUMENT naming the setting and the bound."""
+    try:
+        limits.check_sampling(engine, params.temperature, params.top_p, params.top_k)
+    except limits.UnservableSampling as exc:
+        raise InvalidArgument(f"sampling: {exc}") from None
     if not 0 <= params.max_new_tokens <= limits.MAX_NEW_TOKENS:
         raise InvalidArgument(f"max_new_tokens must be in 1..{limits.MAX_NEW_TOKENS}")
     return SamplingConfig(
@@ -108,6 +107,11 @@ class EpisodeBuffer:
         start = self.segment_starts[-1]
         images = self.images if is_full_history(self.context) else \
             self.images[len(self.images) - self._segment_images:]
+        # each image was bounded when it was decoded; the prompt's images together too
+        frames = self.pngs[len(self.pngs) - len(images):] if images else []
+        self.codec.image_bounds.check_prompt(
+            len(images), sum(len(png) for png in frames),
+            sum(image.width * image.height for image in images))
         return GenerationRequest(prompt_ids=self.token_ids[start:], images=list(images))
 
     def add_turn(self, gen: Generation, text: str) -> None:
@@ -188,6 +192,7 @@ class GroupPlayer:
     model_dir: str = ""
     profile_marks: ProfileMarks = field(default_factory=ProfileMarks)
     closer: EpisodeCloser | None = None  # default: one over `env`
+    engine: str = ""  # the engine's name: the sampling settings it serves (rlfleet.limits)
 
     def __post_init__(self) -> None:
         if self.closer is None:
@@ -196,7 +201,7 @@ class GroupPlayer:
     def play(self, request: rollout_pb2.GroupRequest, adapter: LiveAdapter,
              is_active: Callable[[], bool], queued_s: float = 0.0
              ) -> Iterator[rollout_pb2.Trajectory]:
-        params = sampling_config(request.sampling)
+        params = sampling_config(request.sampling, self.engine)
         try:  # UNSPECIFIED is full; a value this build does not know is refused
             context = from_wire(common_pb2.Context, request.context_mode, default="full")
         except ValueError as exc:

@@ -127,7 +127,7 @@ def build_replica(settings: RolloutSettings) -> Replica:
     marks = profile_marks(model_dir)
     processor = load_processor(model_dir)
     engine = make_engine(settings, model_dir, processor)
-    codec = ChatCodec(processor)
+    codec = ChatCodec(processor, image_bounds=settings.image_bounds())
     # An engine that batches continuously (vLLM) takes every group's turn as it comes;
     # one that runs a batch at a time (hf) gets the turns merged by our batcher.
     batcher: GenerationBatcher | DirectGeneration = (
@@ -173,7 +173,7 @@ def build_replica(settings: RolloutSettings) -> Replica:
         reward=RewardClient(reward_address, token=token, timeout_s=settings.env_timeout_s,
                             tls=tls),
         replica_id=settings.replica_id, cell_px=settings.render_cell_px(),
-        model_dir=model_dir, profile_marks=marks)
+        model_dir=model_dir, profile_marks=marks, engine=settings.engine)
     health = EngineWatch(batcher.check_health)
     servicer = RolloutServicer(
         player, adapters, max_groups=settings.max_groups, max_episodes=settings.max_episodes,

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from rlfleet import defaults
+from rlfleet import defaults, limits
 from rlfleet.config import ProfileName
 from rlfleet.names import ENGINE_NAMES
 from rlfleet.service import ServiceSettings
@@ -71,6 +71,20 @@ class RolloutSettings(ServiceSettings):
                                    "a retried Play is answered once")
     env_timeout_s: float = Field(30.0, gt=0, description="deadline of a call to the env "
                                  "service")
+    # every image entering the replica is checked from its header before it is decoded;
+    # one over a bound fails its group with INVALID_ARGUMENT (rlfleet.limits)
+    max_image_bytes: int = Field(limits.MAX_IMAGE_BYTES, ge=1, description="bytes of one "
+                                 "encoded image (an env's observation)")
+    max_image_pixels: int = Field(limits.MAX_IMAGE_PIXELS, ge=1, description="pixels "
+                                  "(width x height) of one image")
+    max_prompt_image_bytes: int = Field(limits.MAX_PROMPT_IMAGE_BYTES, ge=1,
+                                        description="bytes of every image of one prompt")
+    max_prompt_image_pixels: int = Field(limits.MAX_PROMPT_IMAGE_PIXELS, ge=1,
+                                         description="pixels of every image of one prompt")
+
+    def image_bounds(self) -> limits.ImageBounds:
+        return limits.ImageBounds(self.max_image_bytes, self.max_image_pixels,
+                                  self.max_prompt_image_bytes, self.max_prompt_image_pixels)
 
     def render_cell_px(self) -> int:
         """The tiny policy sees one image token per maze cell at 16 px; the 8B the env's
