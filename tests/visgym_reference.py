@@ -181,9 +181,23 @@ def _r(action: str) -> str:
     return f"<think></think><answer>{action}</answer>"
 
 
+# A reply as VisGym's trained-model eval elicits it (--elicit-verbalization): reasoning
+# in <think> over several lines, far longer than the action, then the answer.
+def _verbal(action: str, turn: int) -> str:
+    thought = (f"Step {turn + 1}. I am the blue circle; the red square is the target in the "
+               "opposite corner. Looking at the gray walls around me, the corridor I am in "
+               "continues, so I should follow it rather than turn into a dead end.\n"
+               "Checking each direction: a move into a wall would waste a step and the "
+               "environment would report it. The open path leads towards the target, "
+               "so I take it.") * 2
+    return f"<think>{thought}</think>\n<answer>{action}</answer>"
+
+
 def golden_episodes() -> dict[str, dict]:
     """The fixed episodes: a solve that leaves the target and comes back, a wall bump, an
-    invalid reply of each kind, a timeout."""
+    invalid reply of each kind, a timeout (at the published run's 15 steps); a timeout at
+    VisGym's own limit (20 steps for 9x9), and a solve whose replies are long verbalized
+    reasoning, carried in the history (at 20 steps)."""
     from rlfleet.maze.oracle import oracle_actions  # the path only; the words are ours
 
     def path(seed: int) -> list[str]:
@@ -203,8 +217,17 @@ def golden_episodes() -> dict[str, dict]:
                         "('move', 0)", _r("('stop', 'stop!')"), _r("('stop', 'ok')")]),
         "timeout": (11, [_r(f"('move', {d})") for d in (3, 1, 0, 2) * 4][:15]),
     }
-    return {name: {**play(seed, 15, replies), "replies": replies}
-            for name, (seed, replies) in episodes.items()}
+    easy = HARNESS["episode"]["max_steps"]["9"]
+    moves = path(13)
+    at_visgyms_limit = {
+        "timeout_20": (11, [_r(f"('move', {d})") for d in (3, 1, 0, 2) * 5][:easy]),
+        "verbalized": (13, [_verbal(a, i) for i, a in enumerate(
+            [*moves[:2], back[moves[1]], moves[1], *moves[2:], "('stop', 'stop')"])]),
+    }
+    return {**{name: {**play(seed, 15, replies), "replies": replies}
+               for name, (seed, replies) in episodes.items()},
+            **{name: {**play(seed, easy, replies), "replies": replies}
+               for name, (seed, replies) in at_visgyms_limit.items()}}
 
 
 def write_golden() -> None:

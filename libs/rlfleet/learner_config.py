@@ -173,10 +173,10 @@ class EvalConfig(ClosedModel):
         "held-out mazes, so the learning curve gets points cheaply; 0: both full sets, as "
         "at the start and end")
     accept_turn_cap: bool = Field(
-        False, description="evaluate even when data.max_turns leaves some eval or held-out "
-        "mazes unsolvable (their shortest solution + the stop is longer): the learner then "
-        "warns and every eval table states the cap; false: the learner refuses to start, "
-        "naming how many mazes and the limit they need")
+        False, description="evaluate even when data.max_turns leaves some of the fixed "
+        "eval mazes unsolvable (their shortest solution + the stop is longer); false: the "
+        "learner refuses to start, naming how many and the limit they need. A cap, the "
+        "held-out set's too, is warned about at start and stated in every eval table")
 
     @model_validator(mode="after")
     def _fits_the_seed_split(self) -> EvalConfig:

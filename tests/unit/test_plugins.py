@@ -213,5 +213,6 @@ def test_an_unknown_profile_names_the_known_ones() -> None:
     from rlfleet.learner_config import LearnerConfig
 
     with pytest.raises(ConfigError, match=r"unknown policy profile 'nope'; registered: "
-                                          r"\['qwen3-vl-8b', 'tiny'"):
+                                          r"\['qwen3-vl-8b', 'qwen3-vl-8b-hard', "
+                                          r"'tiny'"):
         load_config(LearnerConfig, overrides={"model": {"profile": "nope"}}, env={})

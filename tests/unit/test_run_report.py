@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+from rlfleet.evaluation.summary import by_length
 from rlfleet.local.plots import learning_curve
 from rlfleet.local.run import _table, run_figures
 from rlfleet.maze.difficulty import band, shortest_moves
 from rlfleet.maze.tasks import HELDOUT_SEEDS
-from rlfleet.evaluation.summary import by_length
 
 
 def played(solved: bool, turns: int = 9) -> SimpleNamespace:

@@ -38,7 +38,7 @@ from tests import visgym_reference as ref
 from tests.factories import SFT
 from tests.scaled_8b import scaled_8b_processor
 
-NAMES = ("solve", "wall_bump", "invalid", "timeout")
+NAMES = ("solve", "wall_bump", "invalid", "timeout", "timeout_20", "verbalized")
 
 
 def golden(name: str) -> dict:
@@ -248,9 +248,16 @@ def test_the_production_config_selects_the_visgym_profile_the_goldens_pin() -> N
         yaml.safe_load((REPO / "configs" / "qwen3-vl-8b-hyperpod.yaml").read_text()))
     values = yaml.safe_load((REPO / "deploy/helm/rlfleet/values-hyperpod.yaml").read_text())
     assert cfg.data.context == values["learner"]["config"]["data"]["context"] == "visgym"
-    g = golden("solve")
+    # VisGym's own step limit for its easy mazes, as its harness plays it
+    g = golden("timeout_20")
     assert (cfg.data.size, cfg.data.max_turns, cfg.data.cell_px) == \
         (g["size"], g["max_turns"], ref.HARNESS["image"]["cell_px"])
+    assert cfg.data.max_turns == ref.HARNESS["episode"]["max_steps"]["9"]
+    # a verbalized reply fits its reply budget (the goldens' longest, in its tokens)
+    codec = ChatCodec(scaled_8b_processor())
+    longest = max(golden("verbalized")["replies"], key=len)
+    assert len(codec.tokenizer(longest, add_special_tokens=False)["input_ids"]) < \
+        cfg.data.max_new_tokens
     # the reference eval: the 64 fixed 9x9 mazes, seeds 0..63, greedy (requests.py)
     assert (cfg.eval.eval_seeds, cfg.eval.heldout_seeds) == (64, 0)
 

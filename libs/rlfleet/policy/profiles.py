@@ -109,10 +109,16 @@ SERVING_PROFILES: Registry[ServingProfile] = Registry(
 SERVING_PROFILES.add(TINY, ServingProfile(max_model_len=4096, max_lora_rank=32, max_turns=15,
                                           frame_px=112, max_new_tokens=16))
 # Qwen3-VL-8B on one GPU of an ml.g7e.12xlarge (configs/qwen3-vl-8b-hyperpod.yaml):
-# 9x9 mazes at VisGym's 25 px (225 px frames), 15 turns of full history, LoRA r32,
-# 64 new tokens a turn; bf16 weights, 85 % of the GPU for vLLM.
+# 9x9 mazes at VisGym's 25 px (225 px frames), VisGym's 20 turns of full history, LoRA
+# r32, VisGym's 512 new tokens a turn (verbalized replies); bf16 weights, 85 % of the GPU
+# for vLLM.
 SERVING_PROFILES.add("qwen3-vl-8b", ServingProfile(
-    max_model_len=16384, max_lora_rank=32, max_turns=15, frame_px=225, max_new_tokens=64,
+    max_model_len=16384, max_lora_rank=32, max_turns=20, frame_px=225, max_new_tokens=512,
+    dtype="bfloat16", gpu_memory_utilization=0.85))
+# The same on VisGym's hard 11x11 mazes (configs/qwen3-vl-8b-11x11.yaml): 275 px frames,
+# its 30 turns of 512-token replies, past 16384 tokens.
+SERVING_PROFILES.add("qwen3-vl-8b-hard", ServingProfile(
+    max_model_len=32768, max_lora_rank=32, max_turns=30, frame_px=275, max_new_tokens=512,
     dtype="bfloat16", gpu_memory_utilization=0.85))
 
 

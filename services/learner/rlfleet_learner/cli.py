@@ -25,6 +25,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from rlfleet.clients.rollout_pool import InsufficientCapacity
     from rlfleet.config import ConfigError
+    from rlfleet.evaluation.solvable import config_turn_caps
     from rlfleet.learner_config import flag_overrides, load_learner_config
     from rlfleet.logs import human_console
     from rlfleet.policy.loading import ModelLoadError
@@ -38,6 +39,7 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_learner_config(args.config, os.environ, **flag_overrides(args))
+        config_turn_caps(cfg)  # an eval set the limit cannot solve: refused before Ray
         human = human_console()  # RLFLEET_CONSOLE, else whether stderr is a terminal
     except (ConfigError, ValueError) as exc:
         print(f"rlfleet learner: {exc}", file=sys.stderr)

@@ -27,6 +27,8 @@ from rlfleet.clients.rollout_pool import RolloutPool
 from rlfleet.clients.sync import SyncClient
 from rlfleet.config import fleet_token
 from rlfleet.engines.base import vision_token_ids
+from rlfleet.evaluation.play import evaluate
+from rlfleet.evaluation.solvable import config_turn_caps
 from rlfleet.grpo import NonFiniteRewards
 from rlfleet.learner_config import LearnerConfig
 from rlfleet.policy.loading import load_processor
@@ -53,7 +55,6 @@ from rlfleet_learner.budget import (
 from rlfleet_learner.console import eval_table, step_line
 from rlfleet_learner.cursor import SeedCursor
 from rlfleet_learner.dynamic_sampling import NoSignalWatch, draw_groups
-from rlfleet_learner.evaluation import evaluate
 from rlfleet_learner.faults import BadRewards, FleetFailure, disk_failure
 from rlfleet_learner.feed import Group, GroupFeed
 from rlfleet_learner.publisher import AdapterPublisher
@@ -135,6 +136,11 @@ class Learner:
     def __init__(self, cfg: LearnerConfig, *, resume: str = "none",
                  stop: threading.Event | None = None) -> None:
         self.cfg = cfg
+        # a limit that leaves eval mazes unsolvable: refused (ConfigError) unless the
+        # config accepts the cap, which every eval then states
+        self.turn_caps = [c.describe() for c in config_turn_caps(cfg)]
+        for cap in self.turn_caps:
+            log.warning("eval under a turn cap: %s", cap)
         self.stop = stop or threading.Event()
         self.root = RunsRoot(cfg.fleet.runs_root)
         self.run_dir = self.root.run_dir(cfg.run)
@@ -338,7 +344,8 @@ class Learner:
         STEP_SECONDS.labels("eval").observe(seconds)
         # full: every set (the run's start and end); else the learning curve's subset
         doc = self._event("eval", step=self.state.step, version=self.state.version,
-                          seconds=round(seconds, 2), full=not heldout_only, **result)
+                          seconds=round(seconds, 2), full=not heldout_only, **result,
+                          **({"turn_caps": self.turn_caps} if self.turn_caps else {}))
         report_progress("eval", {
             "step": self.state.step, "version": self.state.version,
             "seconds": round(seconds, 2),

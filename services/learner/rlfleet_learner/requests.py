@@ -1,17 +1,11 @@
-"""The group requests the learner sends: training groups and greedy eval episodes."""
+"""The training groups the learner sends (its greedy eval episodes: rlfleet.evaluation)."""
 
 from __future__ import annotations
 
+from rlfleet.evaluation.play import task_spec
 from rlfleet.learner_config import DataConfig
 from rlfleet.names import to_wire
 from rlfleet.v1 import common_pb2, rollout_pb2
-
-
-def task_spec(data: DataConfig, seed: int, *, train: bool) -> common_pb2.TaskSpec:
-    return common_pb2.TaskSpec(
-        task=data.task, seed=seed, size=data.size, max_turns=data.max_turns,
-        turn_margin=data.turn_margin if train else 0,
-        render=common_pb2.RenderOptions(cell_px=data.cell_px))
 
 
 def sampling_seed(run_seed: int, step: int, group: int) -> int:
@@ -32,19 +26,5 @@ def train_group(data: DataConfig, *, run: str, step: int, index: int, seed: int,
         # the run it replaces.
         idempotency_key=f"{run}/train/s{step}/v{min_version}/g{index}",
         include_images=True,
-        context_mode=to_wire(common_pb2.Context, data.context),
-    )
-
-
-def eval_episode(data: DataConfig, *, run: str, seed: int, version: int
-                 ) -> rollout_pb2.GroupRequest:
-    return rollout_pb2.GroupRequest(
-        task=task_spec(data, seed, train=False),
-        group_size=1,
-        sampling=rollout_pb2.SamplingParams(temperature=0.0,
-                                            max_new_tokens=data.max_new_tokens),
-        min_adapter_version=version,
-        idempotency_key=f"{run}/eval/v{version}/seed{seed}",
-        include_images=False,
         context_mode=to_wire(common_pb2.Context, data.context),
     )

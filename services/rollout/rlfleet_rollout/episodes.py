@@ -256,17 +256,21 @@ class GroupPlayer:
                 actions = []
                 for ep, gen in zip(live, gens, strict=True):
                     text = self.codec.decode(gen.token_ids)
-                    if required is not None and \
-                            len(text.encode()) > limits.MAX_ACTION_TEXT_BYTES // 4:
-                        # a cut reply would be quoted differently than VisGym quotes it
+                    if required is None:
+                        sent = text[:limits.MAX_ACTION_TEXT_BYTES // 4]
+                    elif len(text.encode()) > limits.MAX_ACTION_TEXT_BYTES:
+                        # a harness's own profile sends the reply whole (a cut one would
+                        # be quoted differently than VisGym quotes it), up to the env's
+                        # bound: room for a verbalized reply of VisGym's 512 tokens
                         raise InvalidArgument(
                             f"a reply of {len(text.encode())} bytes is longer than the "
-                            f"{limits.MAX_ACTION_TEXT_BYTES // 4} a {context} turn may send "
+                            f"{limits.MAX_ACTION_TEXT_BYTES} a {context} turn may send "
                             f"(sampling.max_new_tokens={params.max_new_tokens})")
+                    else:
+                        sent = text
                     ep.buffer.add_turn(gen, text)
                     ep.generate_s += dt_gen
-                    actions.append(env_pb2.Action(episode_id=ep.episode_id,
-                                                  text=text[:limits.MAX_ACTION_TEXT_BYTES // 4]))
+                    actions.append(env_pb2.Action(episode_id=ep.episode_id, text=sent))
                 t0 = time.perf_counter()
                 try:
                     results = self.env.step(actions, include_image=True)
