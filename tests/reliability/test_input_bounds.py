@@ -237,3 +237,25 @@ def test_the_learner_config_refuses_a_temperature_its_fleets_engines_do_not_serv
                                          "equal to 5"):
         LearnerConfig.model_validate({"data": {"temperature": 5.5},
                                       "fleet": {"engines": ["hf"]}})
+
+
+def test_the_image_bounds_hold_every_frame_rlfleet_renders_with_margin() -> None:
+    """The 8B profile's VisGym frames (225 px JPEGs, 15 to a full-history prompt) sit far
+    inside the default bounds, and so does the largest frame the maze renders."""
+    from rlfleet import limits
+    from rlfleet.maze import generate_layout
+    from rlfleet.maze.visgym_frame import visgym_frame
+    from rlfleet.policy.profiles import serving_profile
+
+    bounds = limits.ImageBounds()
+    p = serving_profile("qwen3-vl-8b")
+    frame = visgym_frame(generate_layout(1_000_001, 9), (1, 1), False)
+    assert (frame.width, frame.height) == (p.frame_px, p.frame_px)
+    margin = 16
+    assert margin * p.frame_px ** 2 <= bounds.image_pixels
+    assert margin * len(frame.png) <= bounds.image_bytes
+    assert margin * p.max_images_per_prompt * p.frame_px ** 2 <= bounds.prompt_pixels
+    assert margin * p.max_images_per_prompt * len(frame.png) <= bounds.prompt_bytes
+    # the largest render a maze task makes (63 cells of 64 px a side) is still served
+    bounds.check_image_size(limits.MAX_GRID * limits.MAX_CELL_PX,
+                            limits.MAX_GRID * limits.MAX_CELL_PX)
