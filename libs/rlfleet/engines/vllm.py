@@ -25,8 +25,8 @@ How the rlfleet conventions (see ``base.py``) map onto vLLM:
 * Logprobs: ``logprobs_mode="processed_logprobs"`` records ``log_softmax(logits / T)``
   of the sampled token (greedy: ``log_softmax(logits)``). vLLM computes that value after
   top-k / top-p truncation, which the convention forbids, so sampling with T > 0 and
-  top-k or top-p is refused (``UnservableSampling``, as is a temperature above vLLM's
-  2) rather than record a different quantity.
+  top-k or top-p raises ``EngineError`` (as does a temperature above vLLM's 2) rather
+  than record a different quantity.
 * Stopping: only ``<|im_end|>`` stops (``ignore_eos`` + ``stop_token_ids``, and the
   model's generation_config is not read, so its extra eos ids do not stop); the token is
   kept in the output.
@@ -120,9 +120,12 @@ def collapse_image_runs(ids: Sequence[int], pad_id: int) -> list[int]:
 
 def check_sampling(params: SamplingConfig) -> None:
     """Refuse what vLLM does not serve (a temperature above 2) or cannot record under the
-    rlfleet logprob convention (top-k / top-p): UnservableSampling, naming the setting
-    and the bound (rlfleet.limits, where the replica checks a group's settings first)."""
-    limits.check_sampling("vllm", params.temperature, params.top_p, params.top_k)
+    rlfleet logprob convention (top-k / top-p), naming the setting and the bound
+    (rlfleet.limits holds them; a replica refuses such a group before it reaches here)."""
+    try:
+        limits.check_sampling("vllm", params.temperature, params.top_p, params.top_k)
+    except limits.UnservableSampling as exc:
+        raise EngineError(str(exc)) from None
 
 
 async def _drain_tasks() -> None:
