@@ -7,7 +7,7 @@ export RLFLEET_CACHE ?= $(HOME)/.cache/rlfleet
 PROTOS := $(wildcard protos/rlfleet/v1/*.proto)
 STUBS := $(patsubst protos/rlfleet/v1/%.proto,libs/rlfleet/v1/%_pb2.py,$(PROTOS))
 
-.PHONY: help setup venv system proto vllm-venv run test bench results policy-bounds lint lock clean
+.PHONY: help setup venv system proto vllm-venv run test test-quick bench results policy-bounds lint lock clean
 
 help:
 	@echo "make run           the main job on the local default (tiny model, CPU)"
@@ -15,6 +15,7 @@ help:
 	@echo "make run RECORD=N  ... and keep its figures as results/N.json"
 	@echo "make results       regenerate docs/results.md and the README's table from results/"
 	@echo "make test          the full test suite"
+	@echo "make test-quick    unit and fast integration tests (no vLLM venv, no Kubernetes)"
 	@echo "make bench         benchmarks (JSON + table under bench/results/)"
 	@echo "make policy-bounds the solve rates of a perfect (BFS) and a random player, no model"
 	@echo "make lint          ruff"
@@ -62,6 +63,14 @@ run: setup
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: setup vllm-venv helm-tools apiserver
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+
+# The inner loop (docs/conventions.md, "Testing"): the unit, integration and conformance
+# tests not marked slow, vllm, deploy or heavy; needs neither the vLLM venv nor the
+# Kubernetes tools.
+QUICK_MARKS := not slow and not vllm and not deploy and not heavy
+test-quick: setup
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "$(QUICK_MARKS)" \
+		tests/unit tests/integration tests/conformance
 
 policy-bounds: setup
 	$(PYTHON) -m rlfleet.local.policy_bounds

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from rlfleet.local.marks import boot_ticks
 from rlfleet.local.procs import PORT_BLOCK_ENV, Proc, ProcessGroup, free_port, rlfleet_argv
 from tests import leaks
 from tests.waits import ENV as WAIT_SCALE_ENV
-from tests.waits import SCALE, scaled
+from tests.waits import SCALE, ray_startup_env, scaled
 
 # tests/vllm run under the vllm venv's interpreter, where vLLM imports; the main venv runs
 # them there through tests/integration/test_vllm_engine.py.
@@ -31,6 +32,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # the suite's fleets run without it (loopback only) unless a test gives a token, which
 # always turns auth on (tests/reliability/test_security.py).
 os.environ.setdefault("RLFLEET_AUTH", "none")
+# Ray's start-up waits, scaled like the suite's own (tests/waits.py); set before any test
+# module imports ray, which reads some of them at import.
+for _name, _value in ray_startup_env().items():
+    os.environ.setdefault(_name, _value)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -41,9 +46,33 @@ def pytest_configure(config: pytest.Config) -> None:
     # Every process this pytest process starts inherits the mark (xdist workers set their
     # own), so what outlives the session can be found, whoever its parent was by then.
     leaks.mark_this_session()
+    if not config.pluginmanager.has_plugin("process-origins"):
+        config.pluginmanager.register(ProcessOrigins(), "process-origins")
     # each xdist worker (gw0, gw1, ...) starts its services on ports of its own block
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     os.environ[PORT_BLOCK_ENV] = worker.removeprefix("gw") if worker.startswith("gw") else "0"
+
+
+HEAVY_GROUP = "heavy"
+
+
+def _group_the_heavy_tiers(items: list[pytest.Item]) -> None:
+    """The heavy tiers (the in-cluster fleet, the vLLM tier, a multi-node Ray: marked
+    heavy or vllm) each take the machine; two at once starved a Ray start past its
+    time-outs. They share one xdist group, so one worker runs them one after another while
+    the others run the rest. xdist names an item's group after all its xdist_group marks:
+    each heavy item gets every group any of them has, so a group of its own (an older
+    `xdist_group("vllm")`) does not take it off that worker."""
+    heavy = [item for item in items
+             if item.get_closest_marker("heavy") or item.get_closest_marker("vllm")]
+    groups = {HEAVY_GROUP} | {
+        str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+        for item in heavy for mark in item.iter_markers("xdist_group")}
+    for item in heavy:
+        has = {str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+               for mark in item.iter_markers("xdist_group")}
+        for name in sorted(groups - has):
+            item.add_marker(pytest.mark.xdist_group(name))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -52,15 +81,92 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     test's own mark) scaled like every other deadline; pytest-timeout reads the closest
     mark, so this one wins."""
     default = float(config.getini("timeout") or 0)
+    if config.pluginmanager.hasplugin("xdist"):  # not in the vLLM venv's pytest
+        _group_the_heavy_tiers(items)
     for item in items:
-        # The vLLM tier on one xdist worker: an engine takes both cores while it compiles
-        # and serves, and two at once only slow each other down.
-        if item.get_closest_marker("vllm") and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group("vllm"))
         mark = item.get_closest_marker("timeout")
         base = float(mark.args[0]) if mark and mark.args else default
         if base:
             item.add_marker(pytest.mark.timeout(scaled(base)), append=False)
+
+
+def _module_of(node: pytest.Item | pytest.Collector) -> str:
+    module = node.getparent(pytest.Module)
+    return module.nodeid if module is not None else leaks.SESSION
+
+
+def _shares_module_fixtures(item: pytest.Item) -> bool:
+    """Whether `item` uses a class- or module-scoped fixture: a fleet or a cluster the
+    module's tests share, which may own processes started during a test (a replica added
+    to a shared stack)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return True
+    return any(defs and defs[-1].scope in ("class", "module")
+               for defs in info.name2fixturedefs.values())
+
+
+class ProcessOrigins:
+    """What each test and fixture starts carries its origin (tests/leaks.py), and what had
+    to end with a test or its module is checked when they end. A plugin of its own, not
+    conftest hooks: pytest asks a session-scoped fixture's set-up of the plugins at the
+    root only."""
+
+    def __init__(self) -> None:
+        self.module_since: dict[str, int] = {}  # when this worker began a run of a module
+        self.test_since = 0
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None
+                                ) -> object:
+        """What a test starts, set-up to tear-down, carries its node id."""
+        now = boot_ticks()
+        self.module_since.setdefault(_module_of(item), now)
+        self.test_since = now
+        with leaks.LEDGER.under(leaks.Origin(item.nodeid, item.nodeid, _module_of(item))):
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef,
+                             request: pytest.FixtureRequest) -> object:
+        """What a wider-scoped fixture starts carries its name and the test it was set up
+        for, and may live as long as its scope."""
+        test = leaks.LEDGER.current.test
+        if fixturedef.scope == "function" or not test:
+            return (yield)
+        scope = _module_of(request.node) if fixturedef.scope in ("class", "module") \
+            else leaks.SESSION
+        label = f"{test} (its fixture {fixturedef.argname}, {fixturedef.scope}-scoped)"
+        with leaks.LEDGER.under(leaks.Origin(label, test, scope)):
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None
+                                ) -> object:
+        """After a test's tear-down, the processes that had to end with it: its own,
+        unless it shares its module's fixtures; and once the module's fixtures are torn
+        down (the next test is another module's), everything the module's tests and
+        fixtures started. At the session's end, no_process_left_behind checks the rest."""
+        try:
+            return (yield)
+        finally:
+            if nextitem is not None:
+                self._check(item, nextitem)
+
+    def _check(self, item: pytest.Item, nextitem: pytest.Item) -> None:
+        module = _module_of(item)
+        own = not _shares_module_fixtures(item)
+        module_ended = _module_of(nextitem) != module
+        since = self.module_since.pop(module) if module_ended else self.test_since
+        if not (own or module_ended):
+            return
+        left = leaks.end_left(lambda o: (own and o.label == item.nodeid)
+                              or (module_ended and o.scope == module),
+                              grace_s=scaled(20), since=max(0, since - 1))
+        if left:
+            raise AssertionError(leaks.describe(
+                left, "after its module's fixtures were torn down" if module_ended
+                else "after its test"))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -68,7 +174,7 @@ def no_process_left_behind() -> Iterator[None]:
     """Set up first, torn down last: after every other fixture has stopped what it
     started, nothing this session started may still run."""
     yield
-    leaks.assert_none_left(grace_s=scaled(10))
+    leaks.assert_none_left(grace_s=scaled(20))
 
 
 FORKSERVER_SWITCH = "RLFLEET_TEST_FORKSERVER"

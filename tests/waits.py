@@ -82,3 +82,24 @@ def hang_process_group(pgid: int) -> None:
     wait_until(f"process group {pgid} stopped",
                lambda: all(s in "TtZX" for s in _thread_states(pgid)), timeout_s=30,
                period_s=0.01)
+
+
+# Ray's own waits while a node starts (seconds), raised for the suite: a Ray start beside
+# the suite's heaviest tests (pods, an engine) outlasted Ray's defaults although nothing
+# was wrong. Ray reads them from the environment in each process it starts (its Python
+# side and its C++ daemons alike), so the suite's in-process starts (`ray.init`,
+# `ray.cluster_utils.Cluster`), `ray start` and the learners it runs all get them. The
+# raylet's 30 s registration wait is fixed in Ray: that one is retried
+# (rlfleet_learner.ray_start.start_with_retry).
+RAY_STARTUP_WAITS_S = {
+    "RAY_gcs_server_port_wait_time_s": 90,          # the GCS writes its port (Ray: 30)
+    "RAY_gcs_server_request_timeout_seconds": 180,  # a request to the GCS (Ray: 60)
+    "RAY_gcs_rpc_server_reconnect_timeout_s": 180,  # a daemon reaching the GCS (Ray: 60)
+    "RAY_worker_register_timeout_seconds": 180,     # a worker registering (Ray: 60)
+    "RAY_DASHBOARD_STARTUP_TIMEOUT_S": 180,         # the dashboard coming up (Ray: 60)
+}
+
+
+def ray_startup_env() -> dict[str, str]:
+    """RAY_STARTUP_WAITS_S scaled, as environment variables (whole seconds)."""
+    return {name: str(round(scaled(seconds))) for name, seconds in RAY_STARTUP_WAITS_S.items()}

@@ -49,9 +49,10 @@ from .conftest import ROOT, SCRIPTS, _run
 # pytest-timeout counts the module fixture's set-up (image builds, loading: minutes, more on
 # a fresh machine) in the first test, and the GRPO run takes minutes of its own.
 # One worker (xdist) owns the node: a second cluster on this host would share its network
-# namespace name and the node's kubepods cgroups.
+# namespace name and the node's kubepods cgroups. Heavy (tests/conftest.py): that worker
+# runs the heavy tiers one after another.
 pytestmark = [pytest.mark.deploy, pytest.mark.slow, pytest.mark.timeout(3600),
-              pytest.mark.xdist_group("cluster")]
+              pytest.mark.heavy]
 
 RELEASE = "rlfleet"
 RUN = "cluster-grpo"

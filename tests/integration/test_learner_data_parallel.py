@@ -19,6 +19,10 @@ from rlfleet.policy import ChatCodec, load_processor
 from rlfleet_learner.ray_start import init_local_ray
 from rlfleet_learner.workers import TrainerGroup
 
+# two trainer ranks in a Ray of their own take the machine: one heavy tier at a time
+# (tests/conftest.py)
+pytestmark = pytest.mark.heavy
+
 
 def rows(model_dir, n: int = 6) -> list[TrainSample]:  # noqa: ANN001
     """Real rows in the rollout's last_frame format: one maze frame + one action turn."""

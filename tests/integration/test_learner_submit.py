@@ -32,7 +32,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlfleet.local.marks import marked
 from rlfleet.local.procs import free_port, rlfleet_argv
+from rlfleet_learner.ray_start import start_with_retry
 from tests.waits import scaled
 
 pytestmark = pytest.mark.slow
@@ -50,17 +52,7 @@ class Head:
 
 def _marked_pids(marker: str) -> list[int]:
     """Processes whose environment carries MARKER=marker: the head and all it started."""
-    needle = f"{MARKER}={marker}".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
+    return [proc.pid for proc in marked(MARKER, marker)]
 
 
 def _signal_all(pids: list[int], sig: signal.Signals) -> None:
@@ -90,6 +82,18 @@ def head() -> Iterator[Head]:
     root = Path(tempfile.mkdtemp(prefix="rlray-", dir="/tmp"))
     ray_token_file = root / "ray_token"
     ray_token_file.write_text(secrets.token_hex(32))
+    try:
+        # `ray start` times out as ray.init does on a busy machine: retried the same way
+        address = start_with_retry(lambda: _start_head(root, ray_token_file))
+        yield Head(address, ray_token_file, root)
+    finally:
+        left = _stop_head(root.name)
+        shutil.rmtree(root, ignore_errors=True)
+        assert not left, f"processes of the test's Ray head still alive: {left}"
+
+
+def _start_head(root: Path, ray_token_file: Path) -> str:
+    """`ray start --head` with its job server; returns the job server's address."""
     dashboard_port = free_port()
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("RLFLEET_AUTH", "RAY_ADDRESS"))}
@@ -112,13 +116,8 @@ def head() -> Iterator[Head]:
                             start_new_session=True)
     log.close()
     address = f"http://127.0.0.1:{dashboard_port}"
-    try:
-        _wait_for_job_server(address, proc, root)
-        yield Head(address, ray_token_file, root)
-    finally:
-        left = _stop_head(root.name)
-        shutil.rmtree(root, ignore_errors=True)
-        assert not left, f"processes of the test's Ray head still alive: {left}"
+    _wait_for_job_server(address, proc, root)
+    return address
 
 
 def _wait_for_job_server(address: str, proc: subprocess.Popen, root: Path) -> None:
@@ -129,8 +128,8 @@ def _wait_for_job_server(address: str, proc: subprocess.Popen, root: Path) -> No
     deadline = time.monotonic() + scaled(180)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"ray start exited {proc.returncode}:\n"
-                        f"{(root / 'head.log').read_text()[-3000:]}")
+            raise RuntimeError(f"ray start exited {proc.returncode}:\n"
+                               f"{(root / 'head.log').read_text()[-3000:]}")
         try:
             if requests.get(f"{address}/api/jobs/", headers=auth, timeout=5).ok:
                 return

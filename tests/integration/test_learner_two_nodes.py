@@ -18,24 +18,37 @@ from ray.cluster_utils import Cluster
 from rlfleet.learner_config import LearnerConfig
 from rlfleet_learner.devices import DeviceError
 from rlfleet_learner.distributed import ClusterTooSmall
-from rlfleet_learner.ray_start import SYSTEM_CONFIG
+from rlfleet_learner.ray_start import SYSTEM_CONFIG, start_with_retry
 from rlfleet_learner.workers import TrainerGroup
 from tests.integration.test_learner_data_parallel import rows
 from tests.waits import scaled
 
+# a multi-node Ray takes the machine: one heavy tier at a time (tests/conftest.py)
+pytestmark = pytest.mark.heavy
+
 NODE = {"num_cpus": 1, "num_gpus": 1, "object_store_memory": 80 * 1024 * 1024}
+
+
+def start_two_nodes() -> Cluster:
+    """Two nodes and this process's driver on them; a start that fails ends its nodes."""
+    cluster = Cluster()
+    try:
+        # workers at the driver's priority, as init_local_ray starts them (Ray's default
+        # is nice 15: starved beside any CPU-bound process)
+        cluster.add_node(**NODE, _system_config=dict(SYSTEM_CONFIG))
+        cluster.add_node(**NODE)
+        cluster.wait_for_nodes(timeout=scaled(60))
+        ray.init(address=cluster.address, include_dashboard=False, configure_logging=False,
+                 log_to_driver=False)
+    except BaseException:
+        cluster.shutdown()
+        raise
+    return cluster
 
 
 @pytest.fixture(scope="module")
 def two_gpu_nodes():
-    # workers at the driver's priority, as init_local_ray starts them (Ray's default is
-    # nice 15: starved beside any CPU-bound process)
-    cluster = Cluster(initialize_head=True,
-                      head_node_args={**NODE, "_system_config": dict(SYSTEM_CONFIG)})
-    cluster.add_node(**NODE)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, include_dashboard=False, configure_logging=False,
-             log_to_driver=False)
+    cluster = start_with_retry(start_two_nodes)
     session_dir = cluster.head_node.get_session_dir_path()
     yield cluster
     ray.shutdown()
