@@ -128,10 +128,12 @@ if [[ "$here" != "$REPO/libs/rlfleet" ]]; then
 fi
 # The vLLM engine's tests run under this venv's interpreter (tests/vllm, started by
 # tests/integration/test_vllm_engine.py), so it carries pytest, pinned as in
-# requirements.txt. Not part of the stamp: adding it never rebuilds the venv.
-if ! "$VENV/bin/python" -c 'import pytest, pytest_timeout' 2>/dev/null; then
+# requirements.txt, and qwen-vl-utils (VisGym's frame preprocessing, for the processor
+# parity test: it imports torchvision, which only this venv has). Not part of the stamp:
+# adding them never rebuilds the venv.
+if ! "$VENV/bin/python" -c 'import pytest, pytest_timeout, qwen_vl_utils' 2>/dev/null; then
   test_specs=()
-  for name in pytest pytest-timeout; do
+  for name in pytest pytest-timeout qwen-vl-utils; do
     test_specs+=("$(grep -iE "^${name}==" "$REPO/requirements.txt" | head -n1 || echo "$name")")
   done
   log "installing the test tools (${test_specs[*]})"
