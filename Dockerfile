@@ -71,9 +71,9 @@ COPY --from=declared /requirements-declared.txt ./
 RUN python3 -m venv --system-site-packages /opt/venv \
  && pip install -q ${LOCK:+-c /opt/rlfleet/$LOCK} -r requirements-declared.txt
 COPY scripts/images/entrypoint.sh ./
-# The shipped SFT checkpoint of the tiny policy (4 MB): the local profile's model
-# (values-local.yaml `model`), the start `make run` trains from.
-COPY warm-starts/tiny-sft /opt/rlfleet/models/tiny-sft
+# The warm start `make run` trains from (4 MB): the local profile's model
+# (values-local.yaml `model`).
+COPY warm-starts/tiny-sft-feedback /opt/rlfleet/models/tiny-sft-feedback
 ARG SERVICE
 ENV RLFLEET_SERVICE=${SERVICE}
 COPY --from=wheel /dist /opt/rlfleet/dist

@@ -8,8 +8,13 @@ The same run writes docs/learner-config.md, a table of every field with its defa
 its description: the descriptions are written once, on the models (`Field(description=)`),
 and reach the schema, the docs and `--help` from there.
 
+And it writes the local profile's learner config (values-local.yaml `learner.config`)
+from `make run`'s recipe, configs/local-tiny.yaml, so `make deploy VALUES=...values-local.yaml`
+trains exactly what `make run` trains; only what belongs to the small cluster (the fleet's
+size, Ray's) is added here, and the pods' environment gives the model path and the run.
+
 Run `python deploy/schemas/gen_learner_schema.py` after changing the learner's config
-model; a test checks both files are up to date.
+model or the local recipe; a test checks all three are up to date.
 """
 
 from __future__ import annotations
@@ -19,6 +24,14 @@ import sys
 from pathlib import Path
 
 SCHEMA = Path(__file__).resolve().parents[1] / "helm" / "rlfleet" / "values.schema.json"
+LOCAL_VALUES = SCHEMA.parent / "values-local.yaml"
+LOCAL_RECIPE = Path(__file__).resolve().parents[2] / "configs" / "local-tiny.yaml"
+LOCAL_START = "  # -- learner.config: generated from configs/local-tiny.yaml"
+LOCAL_END = "  # -- end of the generated learner.config"
+# What the small cluster of `make cluster-up` changes of the recipe's deployment: one
+# rollout replica to start with (more are scaled in), one Ray worker beside the head.
+LOCAL_CLUSTER = {"fleet": {"min_replicas": 1, "max_groups_in_flight": 12},
+                 "ray": {"num_workers": 1, "object_store_mb": 128}}
 DOC = Path(__file__).resolve().parents[2] / "docs" / "learner-config.md"
 PREFIX = "learnerConfig"
 
@@ -96,10 +109,41 @@ def doc_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def local_learner_config() -> dict:
+    """configs/local-tiny.yaml's recipe as the local profile's learner.config: without the
+    run's name and the model path (the pods' RLFLEET_RUN and RLFLEET_MODEL give them),
+    with LOCAL_CLUSTER's deployment."""
+    import yaml
+
+    from rlfleet.config import merged, read_config_file
+
+    recipe = read_config_file(LOCAL_RECIPE)
+    recipe.pop("run", None)
+    recipe["model"].pop("path", None)
+    for section in LOCAL_CLUSTER:
+        recipe.pop(section, None)
+    return yaml.safe_load(yaml.safe_dump(merged(recipe, LOCAL_CLUSTER)))
+
+
+def local_values(text: str) -> str:
+    """values-local.yaml with its generated learner.config block made anew."""
+    import yaml
+
+    start, end = text.find(LOCAL_START), text.find(LOCAL_END)
+    if start < 0 or end < start:
+        raise SystemExit(f"{LOCAL_VALUES} has no generated learner.config block")
+    body = yaml.safe_dump({"config": local_learner_config()}, sort_keys=False)
+    block = "".join(f"  {line}\n" for line in body.splitlines())
+    head = text[:start] + LOCAL_START + " by deploy/schemas/gen_learner_schema.py\n"
+    return head + "  # (edit the recipe, not this block)\n" + block + text[end:]
+
+
 def main() -> int:
     text = render(json.loads(SCHEMA.read_text()))
     SCHEMA.write_text(text)
     print(f"wrote {SCHEMA}")
+    LOCAL_VALUES.write_text(local_values(LOCAL_VALUES.read_text()))
+    print(f"wrote {LOCAL_VALUES}")
     DOC.write_text(doc_table())
     print(f"wrote {DOC}")
     return 0

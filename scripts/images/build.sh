@@ -76,7 +76,7 @@ inputs_hash() {  # build arguments...
   { printf '%s\n' "$@"
     cat Dockerfile .dockerignore
     buildah_store inspect --type image --format '{{.FromImageID}}' localhost/rlfleet-base:bookworm
-    find pyproject.toml requirements.txt README.md protos libs services warm-starts/tiny-sft \
+    find pyproject.toml requirements.txt README.md protos libs services warm-starts/tiny-sft-feedback \
          scripts/images/declared_deps.py scripts/images/entrypoint.sh -type f \
          ! -path 'libs/rlfleet/v1/*_pb2*' ! -path '*/__pycache__/*' ! -name '*.pyc' \
          ! -path '*.egg-info/*' -print0 | sort -z | xargs -0 sha256sum

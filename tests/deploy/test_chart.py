@@ -219,9 +219,11 @@ def test_every_service_gets_redis_password_and_auth_token_from_secrets(render) -
             assert ref == {"name": "rlfleet-auth", "key": "token"}, owner
     for name in ("rlfleet-redis", "rlfleet-auth"):
         assert r.get("Secret", name)["data"]
-    # Existing secrets: none generated, references follow.
+    # Existing secrets: none generated, references follow (the TLS secrets are the
+    # chart's own, one CA per release).
     r = render(HYPERPOD, "redis.auth.existingSecret=my-redis", "auth.existingSecret=my-auth")
-    assert not r.of_kind("Secret")
+    assert not [s for s in r.of_kind("Secret")
+                if not s["metadata"]["name"].startswith("rlfleet-tls-")]
     env = env_of(container(r.get("Deployment", "rlfleet-rollout")["spec"]["template"]))
     assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "my-redis"
     assert env["RLFLEET_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "my-auth"
@@ -240,7 +242,9 @@ def test_redis_password_never_on_a_command_line(render) -> None:
 def test_rollout_is_ready_only_when_its_adapter_is_loaded(render) -> None:
     dep = render(HYPERPOD).get("Deployment", "rlfleet-rollout")
     c = container(dep["spec"]["template"])
-    assert c["readinessProbe"]["exec"]["command"] == ["rlfleet", "health", "127.0.0.1:50052"]
+    # over mTLS with the pod's own certificate, checking the name its Service gives it
+    assert c["readinessProbe"]["exec"]["command"] == [
+        "rlfleet", "health", "127.0.0.1:50052", "--tls-server-name", "rlfleet-rollout"]
     # Liveness must not restart a replica that is only loading its adapter.
     assert "exec" not in c["livenessProbe"]
     assert c["command"] == ["rlfleet", "rollout", "serve"]
@@ -391,7 +395,8 @@ def test_a_reward_service_in_an_image_of_its_own(render, validator: Validator,
     assert c["command"] == ["path-efficiency-reward", "--port", "50051", "--metrics-port",
                             "9101"]
     assert c["args"] == []
-    assert c["readinessProbe"]["exec"]["command"] == ["rlfleet", "health", "127.0.0.1:50051"]
+    assert c["readinessProbe"]["exec"]["command"] == [
+        "rlfleet", "health", "127.0.0.1:50051", "--tls-server-name", "rlfleet-reward"]
     assert {p["containerPort"] for p in c["ports"]} == {50051, 9101}
     assert {"RLFLEET_AUTH_TOKEN", "RLFLEET_HOST"} <= set(env_of(c))
     assert b.get("Service", "rlfleet-reward")["spec"]["selector"]["rlfleet.io/reward"] == \
@@ -402,8 +407,15 @@ def test_a_reward_service_in_an_image_of_its_own(render, validator: Validator,
     for kind, name in [("Deployment", "rlfleet-env-maze"), ("Deployment", "rlfleet-rollout"),
                        (learner, "rlfleet-learner")]:
         assert a.get(kind, name) == b.get(kind, name), f"{kind}/{name} changed"
-    # The previous reward service keeps running (enabled): a swap back is instant.
-    assert "rlfleet-reward-task" in {d["metadata"]["name"] for d in b.of_kind("Deployment")}
+    deployments = {d["metadata"]["name"] for d in b.of_kind("Deployment")}
+    if profile == "local":
+        # only the selected reward runs there: the previous one is removed by the swap
+        assert a.get("Service", "rlfleet-reward")["spec"]["selector"]["rlfleet.io/reward"] \
+            == "novelty"
+        assert not {"rlfleet-reward-novelty", "rlfleet-reward-task"} & deployments
+    else:
+        # the previous reward service keeps running (enabled): a swap back is instant
+        assert "rlfleet-reward-task" in deployments
 
 
 def test_network_policies_cover_every_component(render) -> None:

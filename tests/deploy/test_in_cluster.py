@@ -60,11 +60,15 @@ RUN = "cluster-grpo"
 # are done about 4-6 steps after step 3 (pods start while the learner steps); the steps
 # after them only prove that the run finishes.
 STEPS = 20
+# make run's recipe (the local profile's), shorter: STEPS steps, two replicas, the 256
+# held-out mazes and the first 16 eval mazes before and after, no curve points between
+SHORT_RUN = (f"--set learner.config.steps={STEPS} --set rollout.replicas=2 "
+             "--set learner.config.eval.every=0 --set learner.config.eval.eval_seeds=16")
 IMAGES = ROOT / "scripts" / "images"
 # The command line of this Python's environment (the repository's .venv in a checkout).
 RLFLEET = Path(sys.executable).parent / "rlfleet"
 # The local profile's model: the shipped SFT checkpoint, baked into the images.
-MODEL = "/opt/rlfleet/models/tiny-sft"
+MODEL = "/opt/rlfleet/models/tiny-sft-feedback"
 EXAMPLE = ROOT / "examples" / "path-efficiency-reward"
 # One-time builds: Kubernetes from source (shared with the API-server tests), the Debian
 # base, the wheelhouse and the images.
@@ -208,8 +212,7 @@ def fleet(k8s_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[F
         shared = state / "shared"
         shared.mkdir()
         shared.chmod(0o777)
-        helm_args = (f"--set shared.hostPath={shared} --set run={RUN} "
-                     f"--set learner.config.steps={STEPS} --set rollout.replicas=2")
+        helm_args = (f"--set shared.hostPath={shared} --set run={RUN} {SHORT_RUN}")
         _run(["make", "-s", "deploy", "VALUES=deploy/helm/rlfleet/values-local.yaml",
               f"RELEASE={RELEASE}", "NAMESPACE=default", f"HELM_ARGS={helm_args}"],
              env=env, timeout=900)
@@ -473,7 +476,7 @@ def test_prometheus_scrapes_every_service_and_every_panel_has_a_series(fleet: Fl
 
 def test_grpo_run_scale_and_reward_swap_in_the_cluster(fleet: Fleet) -> None:
     steps = fleet.wait_steps(3, timeout=900)
-    assert all(s["reward_name"] == "task" for s in steps)
+    assert all(s["reward_name"] == "novelty" for s in steps)  # the recipe's
     # The run starts from the shipped SFT checkpoint (the image's), not a random model.
     start = fleet.events("start")[0]
     assert start["config"]["model"]["path"] == MODEL, start["config"]["model"]
@@ -492,8 +495,7 @@ def test_grpo_run_scale_and_reward_swap_in_the_cluster(fleet: Fleet) -> None:
     step_at_swap = len(fleet.steps())
     _run(["make", "-s", "deploy", "VALUES=deploy/helm/rlfleet/values-local.yaml",
           f"RELEASE={RELEASE}", "NAMESPACE=default",
-          f"HELM_ARGS=--set shared.hostPath={fleet.shared} --set run={RUN} "
-          f"--set learner.config.steps={STEPS} --set rollout.replicas=2 "
+          f"HELM_ARGS=--set shared.hostPath={fleet.shared} --set run={RUN} {SHORT_RUN} "
           "--set reward.selected=path-efficiency"],
          env=fleet.env, timeout=300)
 

@@ -27,23 +27,20 @@ def learner_config_of(rendered) -> dict:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("values", [None, LOCAL, HYPERPOD], ids=["defaults", "local", "hyperpod"])
-def test_rendered_learner_config_is_valid_with_the_pod_environment(render, values) -> None:  # noqa: ANN001
+def test_rendered_learner_config_is_valid_with_the_pod_environment(render, values,  # noqa: ANN001
+                                                                   tmp_path) -> None:  # noqa: ANN001
     from rlfleet.learner_config import load_learner_config
 
     rendered = render(values)
     data = learner_config_of(rendered)
-    path = ROOT / "runs" / ".chart-learner-config.yaml"
-    path.parent.mkdir(exist_ok=True)
+    path = tmp_path / "learner.yaml"
     path.write_text(yaml.safe_dump(data))
-    try:
-        # What the pod's environment sets (rlfleet.commonEnv and RLFLEET_MODEL).
-        env = {"RLFLEET_RUN": "r", "RLFLEET_MODEL": "/shared/models/tiny",
-               "RLFLEET_REDIS_URL": "redis://rlfleet-redis:6379/0",
-               "RLFLEET_SYNC_ADDRESS": "rlfleet-ckptsync:50053",
-               "RLFLEET_RUNS_ROOT": "/shared/runs"}
-        cfg = load_learner_config(path, env)
-    finally:
-        path.unlink()
+    # What the pod's environment sets (rlfleet.commonEnv and RLFLEET_MODEL).
+    env = {"RLFLEET_RUN": "r", "RLFLEET_MODEL": "/shared/models/tiny",
+           "RLFLEET_REDIS_URL": "redis://rlfleet-redis:6379/0",
+           "RLFLEET_SYNC_ADDRESS": "rlfleet-ckptsync:50053",
+           "RLFLEET_RUNS_ROOT": "/shared/runs"}
+    cfg = load_learner_config(path, env)
     assert str(cfg.model.path) == "/shared/models/tiny"
     assert cfg.fleet.sync_address == "rlfleet-ckptsync:50053"
 
@@ -62,3 +59,25 @@ def test_values_schema_holds_the_current_learner_config_model() -> None:
     assert SCHEMA.read_text() == render(current), (
         "values.schema.json is out of date: python deploy/schemas/gen_learner_schema.py")
     assert os.path.exists(SCHEMA)
+
+
+def test_the_local_profile_trains_make_runs_recipe(render, tmp_path) -> None:  # noqa: ANN001
+    """The local chart's learner config, resolved with the pods' environment, is
+    configs/local-tiny.yaml's recipe: only the deployment (run, fleet, Ray) and the model's
+    path in the image differ."""
+    from gen_learner_schema import LOCAL_VALUES, local_values
+
+    from rlfleet.learner_config import load_learner_config
+    from rlfleet.local.records import recipe_of
+
+    assert LOCAL_VALUES.read_text() == local_values(LOCAL_VALUES.read_text()), (
+        "values-local.yaml's learner.config is not configs/local-tiny.yaml's recipe: "
+        "python deploy/schemas/gen_learner_schema.py")
+    path = tmp_path / "learner.yaml"
+    path.write_text(yaml.safe_dump(learner_config_of(render(LOCAL))))
+    env = {"RLFLEET_RUN": "tiny-maze", "RLFLEET_MODEL": "/opt/rlfleet/models/tiny-sft-feedback"}
+    chart = recipe_of(load_learner_config(path, env))
+    local = recipe_of(load_learner_config(ROOT / "configs" / "local-tiny.yaml", env={}), ROOT)
+    assert chart["model"].pop("path") == "/opt/rlfleet/models/tiny-sft-feedback"
+    assert local["model"].pop("path") == "warm-starts/tiny-sft-feedback"
+    assert chart == local

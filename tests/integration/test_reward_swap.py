@@ -134,6 +134,9 @@ def test_the_reward_service_is_swapped_mid_run(tmp_path: Path, tiny_model_dir: P
                          and len(players.count(sent="after")) == 2)
         players.stop()
         assert stack.env.alive and stack.env.popen.pid == env_pid  # the env never moved
+        # while the address had no reward service, scores waited for the new one: no group
+        # failed and had to be played again
+        assert players.retried == 0
     finally:
         if players is not None:
             players._stop.set()

@@ -26,6 +26,9 @@ class ServiceClient:
     SERVICE: ClassVar[str]
     STUB: ClassVar[type]
     IDEMPOTENT: ClassVar[frozenset[str]]
+    # Whether an idempotent call to a single address waits, within its deadline, for a peer
+    # that is not up yet (connection refused) instead of failing at once.
+    WAIT_FOR_READY: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -38,7 +41,8 @@ class ServiceClient:
     ) -> None:
         self.transport = RpcClient(address, service=self.SERVICE, idempotent=self.IDEMPOTENT,
                                    token=token, timeout_s=timeout_s, tls=tls,
-                                   max_attempts=max_attempts)
+                                   max_attempts=max_attempts,
+                                   wait_for_ready=self.WAIT_FOR_READY)
 
     @property
     def address(self) -> str:

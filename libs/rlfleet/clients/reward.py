@@ -15,6 +15,10 @@ class RewardClient(ServiceClient):
     SERVICE = "rlfleet.v1.RewardService"
     STUB = reward_pb2_grpc.RewardServiceStub
     IDEMPOTENT = frozenset({"Score", "Info"})  # a score is a function of the request
+    # A reward is swapped behind one Service address: between the old pod's end and the
+    # new one's readiness the address refuses connections, and a score waits for the new
+    # pod within its deadline rather than failing the group it belongs to.
+    WAIT_FOR_READY = True
 
     def score(self, episodes: Sequence[reward_pb2.EpisodeRecord], *,
               timeout_s: float | None = None) -> reward_pb2.ScoreResponse:

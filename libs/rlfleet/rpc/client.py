@@ -264,6 +264,7 @@ class RpcClient:
         backoff_s: float = 0.1,
         max_backoff_s: float = 2.0,
         tls: dict[str, Path] | None = None,
+        wait_for_ready: bool = False,
     ) -> None:
         addrs = [addresses] if isinstance(addresses, str) else list(addresses)
         addrs = [a.strip() for a in addrs if a and a.strip()]
@@ -275,6 +276,7 @@ class RpcClient:
         self.timeout_s = timeout_s
         self.service = service
         self.idempotent = frozenset(idempotent)
+        self.wait_for_ready = wait_for_ready
         self.policy = RetryPolicy(max_attempts, backoff_s, max(backoff_s, max_backoff_s))
         self._config = service_config(service, self.idempotent, self.policy)
         self._token = token
@@ -322,11 +324,15 @@ class RpcClient:
     ) -> Any:
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         order = self._order()
+        # Waiting for a peer to become ready only where nothing else could answer sooner:
+        # one address, and a method that is safe to send again.
+        wait = self.wait_for_ready and len(order) == 1 and self.retries(method)
         for i, address in enumerate(order):
             stub = stub_cls(self.channel(address))
             try:
                 return getattr(stub, method)(
-                    request, timeout=max(0.001, deadline - time.monotonic()))
+                    request, timeout=max(0.001, deadline - time.monotonic()),
+                    wait_for_ready=wait)
             except grpc.RpcError as err:
                 last = i + 1 == len(order) or time.monotonic() >= deadline
                 if err.code() not in RETRYABLE or not self.retries(method) or last:
