@@ -123,10 +123,6 @@ class Validator:
         self._registry = Resource.from_contents(defs) @ Registry()
         self._jsonschema = jsonschema
 
-    @property
-    def custom_kinds(self) -> set[tuple[str, str]]:
-        return set(self._crds)
-
     def validate(self, obj: dict[str, Any]) -> list[Problem]:
         from kubernetes_validate import utils as kv
 

@@ -156,10 +156,6 @@ class Layout:
         rows, cols = np.nonzero(self.walls == 0)
         return [(int(r), int(c)) for r, c in zip(rows, cols, strict=True)]
 
-    def with_agent(self, agent: Position) -> Layout:
-        """The same maze with the agent elsewhere (e.g. for off-path SFT states)."""
-        return Layout(self.walls, agent, self.target)
-
     def to_ascii(self, agent: Position | None = None) -> str:
         """'#' wall, ' ' floor, 'A' agent, 'T' target; handy in logs and test failures."""
         chars = np.where(self.walls == 1, "#", " ").astype("<U1")

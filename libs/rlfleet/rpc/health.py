@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import grpc
@@ -22,17 +21,3 @@ def check(address: str, service: str = "", timeout_s: float = 3.0,
         except grpc.RpcError as err:
             return err.code().name
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-
-
-def wait_serving(address: str, service: str = "", timeout_s: float = 30.0,
-                 tls: dict[str, Path] | None = None) -> None:
-    """Blocks until the service is SERVING; TimeoutError with the last status otherwise."""
-    deadline = time.monotonic() + timeout_s
-    status = "UNKNOWN"
-    while time.monotonic() < deadline:
-        status = check(address, service, timeout_s=1.0, tls=tls)
-        if status == "SERVING":
-            return
-        time.sleep(0.1)
-    what = f"{address} {service or '(server)'}"
-    raise TimeoutError(f"{what} not SERVING after {timeout_s}s: {status}")

@@ -42,10 +42,6 @@ def observation_fields(episode: TaskEpisode, *, first: bool, frame: Any) -> dict
     return fields
 
 
-def state_proto(episode: TaskEpisode) -> common_pb2.EpisodeState:
-    return common_pb2.EpisodeState(**state_fields(episode))
-
-
 def observation_proto(
     episode: TaskEpisode, *, first: bool, include_image: bool
 ) -> common_pb2.Observation:

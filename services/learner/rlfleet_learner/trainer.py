@@ -162,14 +162,6 @@ class PolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
-    def train_step(self, rows: Sequence[TrainSample]) -> StepResult:
-        batches = self.micro_batches(rows)
-        totals = self.accumulate(batches)
-        n = max(1, sum(mb.size for mb in batches))
-        stats = {k: (v if k in _ADDITIVE else v / n) for k, v in totals.items()}
-        return StepResult(stats, self.apply(), rows=sum(mb.size for mb in batches),
-                          forward_rows=sum(mb.num_forward for mb in batches))
-
     # -- state -----------------------------------------------------------------------
 
     def adapter_files(self) -> dict[str, bytes]:
