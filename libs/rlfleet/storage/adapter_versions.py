@@ -99,6 +99,13 @@ class AdapterManifest(_Strict):
     base_model: str
     created_unix: float
     files: Mapping[str, FileEntry]
+    # The lease generation of the learner that wrote it (rlfleet.storage.lease): ckpt-sync
+    # announces no version older than the run's current generation. None: written
+    # without a lease (a tool, a test), not fenced.
+    generation: Annotated[int, Field(ge=1)] | None = None
+    # rlfleet.policy.fingerprint of the base model the adapter was trained on: a replica
+    # serving another model refuses it. None: not recorded (not checked).
+    base_sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
     # sha256 of the manifest bytes as read/written; set by publish/verify/read; not part
     # of the document, nor of equality
     manifest_sha256: str = Field("", exclude=True)
@@ -130,6 +137,9 @@ class AdapterManifest(_Strict):
     def to_json_bytes(self) -> bytes:
         doc = self.model_dump(mode="json")
         doc["files"] = dict(sorted(doc["files"].items()))
+        for optional in ("generation", "base_sha256"):  # absent, not null, when unset
+            if doc[optional] is None:
+                del doc[optional]
         return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
     @classmethod
@@ -195,6 +205,8 @@ def publish_adapter_dir(
     *,
     created_unix: float | None = None,
     timings: dict[str, float] | None = None,
+    generation: int | None = None,
+    base_sha256: str | None = None,
 ) -> AdapterManifest:
     """Writes `<run>/adapters/v<version>` atomically and returns its manifest.
 
@@ -209,6 +221,8 @@ def publish_adapter_dir(
     manifest is written and synced, and only when every file is durable does the dir get
     its final name. Each file is fsynced once. `timings`, when given, receives the
     seconds spent per stage (wall clock; hashing and fsync overlap the writes).
+    `generation` (the writer's lease generation) and `base_sha256` (the base model's
+    fingerprint) go into the manifest when given.
     """
     clock = time.perf_counter()
 
@@ -265,7 +279,8 @@ def publish_adapter_dir(
         lap("fsync_wait_s")
         manifest = AdapterManifest(
             run=run, version=version, step=step, base_model=base_model,
-            created_unix=created, files=entries,
+            created_unix=created, files=entries, generation=generation,
+            base_sha256=base_sha256,
         )
         manifest_bytes = manifest.to_json_bytes()
         # The manifest last: a manifest present means the files it names were written.

@@ -49,6 +49,10 @@ SCHEDULER_FILE = "scheduler.pt"
 RNG_FILE = "rng.json"
 DATA_CURSOR_FILE = CHECKPOINT_CURSOR_FILE
 STATE_FILE = "state.json"
+# What the adapter was trained on: the base model's identity, the LoRA settings and the
+# task settings that shape it; a resume compares it with its own config
+# (rlfleet_learner.identity). Checkpoints written before it was recorded have none.
+IDENTITY_FILE = "identity.json"
 COMPLETE_FILE = CHECKPOINT_COMPLETE_FILE
 CHECKPOINT_FORMAT_VERSION = 1
 _FIXED_METADATA = {"format": "pt"}  # no timestamps: identical state -> identical bytes
@@ -158,6 +162,7 @@ class Checkpoint:
     metrics: dict[str, Any]
     created_unix: float
     files: dict[str, str] = field(default_factory=dict)  # name -> sha256
+    identity: dict[str, Any] | None = None  # IDENTITY_FILE's, None when not recorded
 
 
 def adapter_state_bytes(adapter_state: Mapping[str, torch.Tensor]) -> bytes:
@@ -194,10 +199,12 @@ def save_checkpoint(
     metrics: Mapping[str, Any] | None = None,
     rng: RngState | None = None,
     created_unix: float | None = None,
+    identity: Mapping[str, Any] | None = None,
 ) -> Path:
     """Writes `<run>/checkpoints/step_<step>/` atomically, COMPLETE last; returns its path.
 
-    `rng` defaults to `capture_rng()` now. Raises DestinationExists when the step is
+    `rng` defaults to `capture_rng()` now; `identity` (what the adapter was trained on)
+    goes to IDENTITY_FILE when given. Raises DestinationExists when the step is
     already checkpointed, StorageError for OS failures (nothing is left under the name),
     ValueError for state that cannot be serialised.
     """
@@ -208,6 +215,7 @@ def save_checkpoint(
     optimizer_bytes = _torch_bytes(optimizer_state)
     scheduler_bytes = None if scheduler_state is None else _torch_bytes(scheduler_state)
     rng_bytes = (rng if rng is not None else capture_rng()).to_json_bytes()
+    identity_bytes = None if identity is None else _json_bytes(dict(identity), "identity")
     state_bytes = _json_bytes({
         "format_version": CHECKPOINT_FORMAT_VERSION,
         "run": run,
@@ -224,6 +232,8 @@ def save_checkpoint(
         write_file(tmp, RNG_FILE, rng_bytes)
         write_file(tmp, DATA_CURSOR_FILE, cursor_bytes)
         write_file(tmp, STATE_FILE, state_bytes)
+        if identity_bytes is not None:
+            write_file(tmp, IDENTITY_FILE, identity_bytes)
         fsync_dir(tmp)
         files = {}
         for name in sorted(os.listdir(tmp)):
@@ -287,6 +297,7 @@ def load_checkpoint(
                                               device=str(map_location))
         optimizer_state = torch.load(path / OPTIMIZER_FILE, map_location=map_location,
                                      weights_only=True)
+        identity = read_checkpoint_identity(path)
         scheduler_state = None
         if (path / SCHEDULER_FILE).exists():
             scheduler_state = torch.load(path / SCHEDULER_FILE, map_location=map_location,
@@ -307,7 +318,23 @@ def load_checkpoint(
         metrics=dict(state.get("metrics", {})),
         created_unix=float(state.get("created_unix", 0.0)),
         files={n: str(w.get("sha256", "")) for n, w in listed.items() if isinstance(w, dict)},
+        identity=identity,
     )
+
+
+def read_checkpoint_identity(path: Path | str) -> dict[str, Any] | None:
+    """What a checkpoint's adapter was trained on (IDENTITY_FILE), read alone and
+    cheaply (no weights, no hashing); None for a checkpoint that did not record it.
+    CheckpointError when the file is there but not a JSON object."""
+    try:
+        doc = json.loads((Path(path) / IDENTITY_FILE).read_bytes())
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: {IDENTITY_FILE} is malformed: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise CheckpointError(f"{path}: {IDENTITY_FILE} is not a JSON object")
+    return doc
 
 
 def list_checkpoints(runs_root: RunsRoot, run: str) -> list[int]:

@@ -31,6 +31,7 @@ from rlfleet.storage import (
     remove_version,
     verify_adapter_dir,
 )
+from rlfleet.storage.lease import current_generation
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,14 @@ class SyncState:
         if manifest.run != run or manifest.version != version:
             raise AdapterVerificationError(
                 f"{path}: manifest names run {manifest.run!r} version {manifest.version}")
+        # The run's lease on /shared fences learners: a version written under an older
+        # generation comes from a learner whose lease was taken over, never announced.
+        current = current_generation(self.runs_root, run)
+        if manifest.generation is not None and manifest.generation < current:
+            raise AdapterVerificationError(
+                f"version {version} of run {run!r} was written by a learner whose lease was "
+                f"taken over (its generation {manifest.generation}, the run's "
+                f"{current}): a fenced-off learner's versions are never announced")
         return AdapterRecord(
             run=run,
             version=version,

@@ -33,6 +33,8 @@ def _run(args: argparse.Namespace) -> int:
     from rlfleet.storage.checkpoints import CheckpointError
     from rlfleet_learner.console import learner_log_file, setup_learner_logging
     from rlfleet_learner.faults import EXIT_FLEET_FAILURE, FleetFailure
+    from rlfleet_learner.identity import ResumeRefused
+    from rlfleet_learner.lease import EXIT_RUN_HELD, LeaseHeld, LeaseLost, hold_run
     from rlfleet_learner.loop import FreshStartRefused, Learner, NoCheckpoint
     from rlfleet_learner.ray_logs import relay_worker_output
     from rlfleet_learner.ray_start import init_local_ray
@@ -42,6 +44,15 @@ def _run(args: argparse.Namespace) -> int:
         config_turn_caps(cfg)  # an eval set the limit cannot solve: refused before Ray
         human = human_console()  # RLFLEET_CONSOLE, else whether stderr is a terminal
     except (ConfigError, ValueError) as exc:
+        print(f"rlfleet learner: {exc}", file=sys.stderr)
+        return 2
+    try:  # one learner per run, resuming what it trained: before Ray and any write
+        lease = hold_run(cfg, args.resume)
+    except LeaseHeld as exc:
+        print(f"rlfleet learner: {exc}", file=sys.stderr)
+        return EXIT_RUN_HELD
+    except (ResumeRefused, CheckpointError, PathOutsideRunsRoot, ModelLoadError,
+            ValueError, OSError) as exc:
         print(f"rlfleet learner: {exc}", file=sys.stderr)
         return 2
     # A person at the console reads short lines; the JSON lines go to the run's log file.
@@ -80,18 +91,22 @@ def _run(args: argparse.Namespace) -> int:
     setup_learner_logging(args.log_level, human, log_file)
     relay_worker_output()  # the trainers' output: JSON lines, not Ray's prefixed text
     try:
-        learner = Learner(cfg, resume=args.resume, stop=stop)
+        learner = Learner(cfg, resume=args.resume, stop=stop, lease=lease)
         summary = learner.run()
     except (NoCheckpoint, PathOutsideRunsRoot, InsufficientCapacity, ConfigError,
-            ModelLoadError, FreshStartRefused, CheckpointError) as exc:
+            ModelLoadError, FreshStartRefused, CheckpointError, ResumeRefused) as exc:
         log.error("rlfleet learner: %s", exc, extra={"error": type(exc).__name__})
         return 2
     except FleetFailure as exc:  # the trained steps are checkpointed (Learner.run)
         log.error("rlfleet learner: stopped: %s; rerun with --resume auto once the fleet is "
                   "back", exc, extra={"error": type(exc).__name__})
         return EXIT_FLEET_FAILURE
+    except LeaseLost as exc:  # fenced off: nothing more was written
+        log.error("rlfleet learner: stopped: %s", exc, extra={"error": type(exc).__name__})
+        return EXIT_RUN_HELD
     finally:
         ray.shutdown()
+        lease.release()
     if args.summary:
         Path(args.summary).write_text(json.dumps(summary, indent=2))
     if not summary.get("stopped"):

@@ -8,8 +8,8 @@ older than that are dropped and counted).
 A step is all or nothing: a stop while its rollouts are still coming abandons it (no
 update, no publish, its seeds stay untrained); once the update has begun the step
 finishes. Each phase is timed (rollout wait, scoring, update, publish, eval) and the
-times go to metrics.jsonl (and from there to the config's report_to trackers:
-rlfleet_learner.trackers), the step's log line and the Prometheus histogram.
+times go to metrics.jsonl (and the run's TensorBoard event files beside it), the step's
+log line and the Prometheus histogram.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from rlfleet.storage import (
     save_checkpoint,
 )
 from rlfleet.storage.jsonl import append_json_line
+from rlfleet.storage.lease import RunLease
 from rlfleet.v1 import rollout_pb2
 from rlfleet_learner.budget import (
     BUDGET_SPENT_KEY,
@@ -57,6 +58,7 @@ from rlfleet_learner.cursor import SeedCursor
 from rlfleet_learner.dynamic_sampling import NoSignalWatch, draw_groups
 from rlfleet_learner.faults import BadRewards, FleetFailure, disk_failure
 from rlfleet_learner.feed import Group, GroupFeed
+from rlfleet_learner.identity import Difference, check_resume, run_identity
 from rlfleet_learner.publisher import AdapterPublisher
 from rlfleet_learner.reporting import (
     WaitReport,
@@ -71,7 +73,7 @@ from rlfleet_learner.samples import (
     segment_rows,
     trajectory_sample,
 )
-from rlfleet_learner.trackers.hub import TrackerHub
+from rlfleet_learner.tensorboard import TensorBoardLog
 from rlfleet_learner.workers import TrainerGroup
 
 log = logging.getLogger(__name__)
@@ -134,7 +136,10 @@ class State:
 
 class Learner:
     def __init__(self, cfg: LearnerConfig, *, resume: str = "none",
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, lease: RunLease | None = None) -> None:
+        """`lease`: the run's lease (rlfleet_learner.lease.hold_run, taken before Ray),
+        checked before every write to the run; None: no lease (a caller of its own)."""
+        self.lease = lease
         self.cfg = cfg
         # a limit that leaves eval mazes unsolvable: refused (ConfigError) unless the
         # config accepts the cap, which every eval then states
@@ -146,8 +151,7 @@ class Learner:
         self.run_dir = self.root.run_dir(cfg.run)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.root.metrics_path(cfg.run)
-        # the same events, for the trackers the config reports to (TensorBoard, W&B, ...)
-        self.trackers = TrackerHub(cfg, self.run_dir, self.metrics_path)
+        self.tensorboard = TensorBoardLog(self.run_dir)  # the same scalars, for TensorBoard
         # The fleet's token (an empty one refuses to start; without one, auth must be off
         # explicitly: RLFLEET_AUTH=none) and TLS options (the config's tls section,
         # RLFLEET_TLS_* in a deployment, as the services'); the pool checks the Redis
@@ -162,22 +166,28 @@ class Learner:
                                           SyncClient(cfg.fleet.sync_address, token=token,
                                                      timeout_s=60, tls=tls),
                                           announce_retry_s=cfg.fleet.publish_retry_s)
+        model_dir = str(resolve_model_dir(cfg.model.profile, cfg.model.path))
+        self.identity = run_identity(cfg, model_dir)
+        self.publisher.lease = lease
+        self.publisher.base_sha256 = self.identity["model"]["sha256"]
         self.state = State(cursor=SeedCursor(cfg.data.size, moves=cfg.data.moves_band()))
         self.no_signal = NoSignalWatch()
         self._reward_warned = False
         self._attempt_started: float | None = None  # when this attempt's steps began
         checkpoint = self._find_checkpoint(resume)
+        # the checkpoint trained this model, LoRA and task (or the config allows the change)
+        changes = [] if checkpoint is None else check_resume(
+            checkpoint.identity, self.identity, cfg.resume_allow_changes, checkpoint.path.name)
         # Said before the model loads (minutes on a big one): which attempt this is.
         log.info(start_line(cfg.run, resume, checkpoint.step if checkpoint else None,
                             checkpoint.path if checkpoint else None),
                  extra={"run": cfg.run, "resume": resume,
                         "resumed_step": checkpoint.step if checkpoint else None,
                         "checkpoint": str(checkpoint.path) if checkpoint else None})
-        model_dir = str(resolve_model_dir(cfg.model.profile, cfg.model.path))
         self.vision_ids = set(vision_token_ids(load_processor(model_dir)))
         self.trainers = TrainerGroup(cfg, model_dir)
         if checkpoint is not None:
-            self._restore(checkpoint)
+            self._restore(checkpoint, changes)
 
     # -- checkpoints -----------------------------------------------------------------
 
@@ -208,7 +218,7 @@ class Learner:
             return ckpt
         return load_checkpoint(self.root.resolve(resume))
 
-    def _restore(self, ckpt: Checkpoint) -> None:
+    def _restore(self, ckpt: Checkpoint, changes: list[Difference]) -> None:
         path = ckpt.path
         self.trainers.load_state({"adapter": ckpt.adapter_state,
                                   "optimizer": ckpt.optimizer_state,
@@ -229,11 +239,19 @@ class Learner:
         self.trainers.set_horizon(self.horizon)
         restore_rng(ckpt.rng)  # last: building the trainers drew random numbers
         self._event("resumed", checkpoint=str(path), step=ckpt.step)
+        if changes:  # allowed by resume_allow_changes: the run's record says so
+            self._event("resume_changes", step=ckpt.step, checkpoint=str(path),
+                        allowed=list(self.cfg.resume_allow_changes),
+                        changes=[d.as_dict() for d in changes])
+            log.warning("resuming with changed settings (resume_allow_changes): %s",
+                        "; ".join(str(d) for d in changes), extra={"step": ckpt.step})
 
     def _checkpoint(self) -> None:
         """Saves the current step, unless it is saved already or nothing was trained."""
         if self.state.step <= max(self.state.saved_step, 0):
             return
+        if self.lease is not None:
+            self.lease.ensure_held()  # a fenced-off learner saves nothing
         state = self.trainers.state()
         save_checkpoint(
             self.root, self.cfg.run, self.state.step,
@@ -242,17 +260,27 @@ class Learner:
             data_cursor={**self.state.cursor.to_dict(), "version": self.state.version,
                          **self._budget_cursor()},
             metrics=self.state.history[-1] if self.state.history else {},
-            rng=capture_rng())
+            rng=capture_rng(), identity=self.identity)
         self.state.saved_step = self.state.step
         prune_checkpoints(self.root, self.cfg.run, self.cfg.checkpoint.keep_last)
 
     # -- output ----------------------------------------------------------------------
 
     def _event(self, kind: str, **fields: object) -> dict:
+        if self.lease is not None:
+            self.lease.ensure_held()  # a fenced-off learner records nothing
         doc = {"event": kind, "time": round(time.time(), 3), **fields}
         append_json_line(self.metrics_path, doc)  # whole lines only, even on a full disk
-        self.trackers.write(doc)
+        self.tensorboard.write(doc)
         return doc
+
+    def _lease_fields(self) -> dict:
+        """The start record's lease: its generation, and whose expired lease it took."""
+        if self.lease is None:
+            return {}
+        taken = self.lease.taken_over
+        return {"lease_generation": self.lease.generation,
+                "took_over_from": taken.describe() if taken is not None else None}
 
     # -- publishing ------------------------------------------------------------------
 
@@ -384,8 +412,6 @@ class Learner:
                 raise
             self._stop_on_failure(failure)  # the checkpoint may fail the same way: said
             raise failure from exc
-        finally:
-            self.trackers.close()
 
     def _stop_on_failure(self, exc: FleetFailure) -> None:
         """Saves every trained step (unless checkpoints are off) so that a rerun with
@@ -407,7 +433,8 @@ class Learner:
         cfg = self.cfg
         started = time.perf_counter()
         self.check_fleet()
-        self._event("start", config=json.loads(cfg.model_dump_json()), step=self.state.step)
+        self._event("start", config=json.loads(cfg.model_dump_json()), step=self.state.step,
+                    **self._lease_fields())
         self.publish()  # replicas serve exactly the learner's starting (or resumed) weights
         evals = []
         if cfg.eval.at_start and (cfg.eval.eval_seeds or cfg.eval.heldout_seeds):

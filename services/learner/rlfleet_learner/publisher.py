@@ -24,7 +24,12 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from rlfleet.clients.sync import SyncClient
-from rlfleet.rpc.errors import DeadlineExceeded, ResourceExhausted, Unavailable
+from rlfleet.rpc.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    ResourceExhausted,
+    Unavailable,
+)
 from rlfleet.storage import (
     DestinationExists,
     RunsRoot,
@@ -34,6 +39,7 @@ from rlfleet.storage import (
     publish_adapter_dir,
     retry,
 )
+from rlfleet.storage.lease import RunLease
 from rlfleet.v1 import sync_pb2
 from rlfleet_learner.faults import PublishFailed, ReplicasLost, disk_failure
 
@@ -100,6 +106,11 @@ class AdapterPublisher:
         self.max_backoff_s = max_backoff_s
         self.call_timeout_s = call_timeout_s  # one call's deadline (cut to the bound)
         self.announce_retries = 0  # calls re-sent after a transient answer
+        # The run's lease: checked before each version is written, its generation
+        # recorded in the manifest (ckpt-sync announces no older generation than the
+        # run's); the base model's fingerprint too (replicas of another model refuse it).
+        self.lease: RunLease | None = None
+        self.base_sha256: str | None = None
 
     def next_version(self, at_least: int) -> int:
         existing = list_versions(self.root, self.run)
@@ -110,11 +121,14 @@ class AdapterPublisher:
         or permission error is retried; nothing half-written is ever announced."""
         start = time.perf_counter()
         stages: dict[str, float] = {}
+        if self.lease is not None:
+            self.lease.ensure_held()  # LeaseLost: a fenced-off learner writes no version
+        generation = self.lease.generation if self.lease is not None else None
         while True:
             try:
                 manifest = retry(lambda v=version: publish_adapter_dir(
                     self.root, self.run, v, files, base_model=self.base_model, step=step,
-                    timings=stages),
+                    timings=stages, generation=generation, base_sha256=self.base_sha256),
                     retry_on=retry_write)
                 break
             except DestinationExists:  # someone (a crashed earlier run) took the number
@@ -124,7 +138,12 @@ class AdapterPublisher:
                     f"cannot write adapter version {version}: {exc}")) from exc
         written = time.perf_counter() - start
         announce_start = time.perf_counter()
-        self._announce(version, manifest.manifest_sha256)
+        try:
+            self._announce(version, manifest.manifest_sha256)
+        except FailedPrecondition:
+            if self.lease is not None:  # refused as a fenced-off learner's: LeaseLost
+                self.lease.ensure_held()
+            raise
         return Published(version, manifest.manifest_sha256, written,
                          announce_s=time.perf_counter() - announce_start, stages=stages)
 
@@ -228,4 +247,15 @@ class AdapterPublisher:
                 raise ReplicasLost(
                     f"no replica serves adapter version {version} of run {self.run!r} "
                     f"after {timeout_s:g}s, nor after {replacement_wait_s:g}s more waiting "
-                    f"for a replacement (wanted {min_replicas})")
+                    f"for a replacement (wanted {min_replicas}){self._refusals(version)}")
+
+    def _refusals(self, version: int) -> str:
+        """"; <ckpt-sync's answer>" naming the replicas that refused `version` and why (a
+        version trained on another base model...), "" when none did or it cannot say."""
+        try:
+            self.sync.wait_for_replicas(self.run, version, 1, 0.0)
+        except DeadlineExceeded as err:
+            return f"; {err.message}" if "refused version" in err.message else ""
+        except Exception:  # noqa: BLE001 - only words for the error being raised
+            log.debug("refusals unreadable", exc_info=True)
+        return ""

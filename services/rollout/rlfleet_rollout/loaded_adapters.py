@@ -61,6 +61,10 @@ class AdapterRefused(Exception):
     """A version that must not be served (bad path, bad hash, older than live)."""
 
 
+class OtherBaseModel(AdapterRefused):
+    """A version trained on another base model than the one this replica serves."""
+
+
 @dataclass
 class Prefetch:
     """A version being read and verified against its own manifest ahead of its
@@ -91,11 +95,16 @@ class AdapterManager:
     def __init__(self, batcher: GenerationBatcher | DirectGeneration, runs_root: RunsRoot,
                  run: str, replica_id: str,
                  on_live: Callable[[LiveAdapter], None] | None = None,
-                 max_staleness: int | None = None) -> None:
+                 max_staleness: int | None = None, base_sha256: str | None = None) -> None:
+        """`base_sha256`: the fingerprint of the replica's model
+        (rlfleet.policy.fingerprint); a version whose manifest names another base is
+        refused (None: not checked)."""
         if max_staleness is not None and max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         self.batcher = batcher
         self.max_staleness = max_staleness
+        self.base_sha256 = base_sha256
+        self._other_base: dict[int, str] = {}  # version -> why it was refused
         self.runs_root = runs_root
         self.run = run
         self.replica_id = replica_id
@@ -143,6 +152,8 @@ class AdapterManager:
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while self.current.version < min_version:
+                if min_version in self._other_base:
+                    return None  # it never will be served here: refusal_note says why
                 left = deadline - time.monotonic()
                 if left <= 0 or self._waits_over:
                     return None
@@ -155,6 +166,27 @@ class AdapterManager:
         with self._cond:
             self._waits_over = True
             self._cond.notify_all()
+
+    def refusal_note(self, version: int) -> str:
+        """"; <why>" when `version` was refused for its base model, else ""."""
+        with self._cond:
+            why = self._other_base.get(version)
+        return f"; {why}" if why else ""
+
+    def _check_base(self, verified: VerifiedAdapter) -> None:
+        """OtherBaseModel when the version's manifest names another base model."""
+        m = verified.manifest
+        if self.base_sha256 is None or m.base_sha256 is None \
+                or m.base_sha256 == self.base_sha256:
+            return
+        why = (f"version {m.version} of run {m.run!r} was trained on another base model "
+               f"({m.base_model}, sha256 {m.base_sha256[:12]}) than this replica serves "
+               f"(sha256 {self.base_sha256[:12]})")
+        with self._cond:
+            self._other_base[m.version] = why
+            self._cond.notify_all()
+        ADAPTER_LOADS.labels("refused").inc()
+        raise OtherBaseModel(why)
 
     # -- loading -------------------------------------------------------------------
 
@@ -236,6 +268,7 @@ class AdapterManager:
                     ADAPTER_LOADS.labels("refused").inc()
                     raise AdapterRefused(f"version {record.version} refused: {exc}") from exc
             lap("read_verify_s")  # with a read-ahead: only the wait for it to finish
+            self._check_base(verified)
             load, local = self._loader(name, verified, stages)
             if local is not None:
                 lap("private_copy_s")

@@ -23,6 +23,7 @@ from rlfleet.fleet import (
     verify_credentials,
 )
 from rlfleet.policy.chat import ChatCodec
+from rlfleet.policy.fingerprint import model_fingerprint
 from rlfleet.policy.loading import PolicyProcessor, load_processor
 from rlfleet.policy.observation import profile_marks
 from rlfleet.policy.profiles import resolve_model_dir, serving_profile
@@ -164,7 +165,8 @@ def build_replica(settings: RolloutSettings) -> Replica:
 
     adapters = AdapterManager(batcher, RunsRoot(settings.runs_root), settings.run,
                               settings.replica_id, on_live=on_live,
-                              max_staleness=settings.max_staleness)
+                              max_staleness=settings.max_staleness,
+                              base_sha256=model_fingerprint(model_dir))
     reward_address = settings.reward_address or settings.env_address
     player = GroupPlayer(
         batcher, codec,

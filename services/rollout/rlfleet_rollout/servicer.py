@@ -113,7 +113,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 self._refuse_if_dead()  # woken by the engine's death, not the version
                 raise FailedPrecondition(
                     f"live adapter version {self.adapters.current.version} is older than "
-                    f"min_adapter_version {request.min_adapter_version}")
+                    f"min_adapter_version {request.min_adapter_version}"
+                    + self.adapters.refusal_note(request.min_adapter_version))
             adapter = self.adapters.acquire()
             try:
                 # A version unloaded beyond the staleness bound stops its groups at the
