@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from rlfleet.storage import RunsRoot
 from rlfleet.v1 import common_pb2, rollout_pb2
 from tests import factories
 from tests.factories import NO_EVAL, learner_process
-from tests.reliability.conftest import Rollout, metrics_text, stream_code
+from tests.reliability.conftest import Rollout, metrics_text
 from tests.waits import scaled, wait_until
 
 
@@ -64,6 +65,37 @@ class HealthWatch:
         self._channel.close()
 
 
+def active_groups(address: str) -> int:
+    return RpcClient(address, timeout_s=5).call(Rollout, "GetStatus",
+                                                rollout_pb2.StatusRequest()).active_groups
+
+
+def wait_for_a_far_version(address: str) -> tuple[threading.Thread, dict]:
+    """A group admitted and waiting for a version that never comes (in flight when the
+    engine dies); the thread puts its (code, trajectories, details) under "result"."""
+    waiting: dict = {}
+    far = rollout_pb2.GroupRequest(
+        task=common_pb2.TaskSpec(task="maze_2d", seed=1, size=7, max_turns=2), group_size=1,
+        sampling=rollout_pb2.SamplingParams(temperature=1.0, max_new_tokens=2),
+        idempotency_key=uuid.uuid4().hex, min_adapter_version=10**6)
+
+    def run() -> None:
+        # one attempt, as the pool's client makes (a channel retry is not the replica's)
+        client = RpcClient(address, timeout_s=scaled(900), max_attempts=1)
+        try:
+            waiting["result"] = (grpc.StatusCode.OK, list(client.stream(
+                Rollout, "RolloutGroup", far)), "")
+        except grpc.RpcError as err:
+            waiting["result"] = (err.code(), [], err.details() or "")
+        finally:
+            client.close()
+
+    waiter = threading.Thread(target=run, daemon=True)
+    waiter.start()
+    wait_until("the waiting group admitted", lambda: active_groups(address) == 1)
+    return waiter, waiting
+
+
 def listed(redis_url: str) -> set[str]:
     return {r.replica_id for r in ReplicaDirectory(connect(redis_url)).live()}
 
@@ -76,7 +108,7 @@ def test_an_hf_replica_whose_engine_died_takes_itself_out(
     settings = RolloutSettings(
         env_address="127.0.0.1:1", model=tiny_model_dir, redis_url=redis_url,
         runs_root=tmp_path, run="dead", replica_id="hf-dead", port=0, metrics_port=None,
-        auth="none", grace_s=1,
+        auth="none", grace_s=1, adapter_wait_s=600,
         heartbeat_s=0.2, heartbeat_ttl_s=600)  # gone from Redis means removed, not expired
     replica = build_replica(settings)
     watch = None
@@ -89,10 +121,14 @@ def test_an_hf_replica_whose_engine_died_takes_itself_out(
         assert "hf-dead" in listed(redis_url)
         watch = HealthWatch(address)
         wait_until("the watch to see SERVING", lambda: "SERVING" in watch.statuses)
+        waiter, waiting = wait_for_a_far_version(address)
 
         replica.batcher.engine.close()  # the engine dies under a running replica
 
         wait_until("the replica to stop serving", watch.ended.is_set, timeout_s=60)
+        waiter.join(timeout=scaled(60))
+        code, _, details = waiting["result"]
+        assert code == grpc.StatusCode.UNAVAILABLE and "engine is dead" in details, details
         assert watch.statuses[0] == "SERVING" and watch.statuses[-1] == "NOT_SERVING"
         assert "engine is closed" in (replica.engine_dead or "")
         assert "hf-dead" not in listed(redis_url)  # removed, with 600 s of TTL left
@@ -127,11 +163,6 @@ def metric_sum(proc_metrics_url: str, name: str) -> float:
     port = int(proc_metrics_url.rsplit(":", 1)[1].split("/")[0])
     return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text(port).splitlines()
                if line.startswith(f"{name}{{") or line.startswith(f"{name} "))
-
-
-def active_groups(address: str) -> int:
-    return RpcClient(address, timeout_s=5).call(Rollout, "GetStatus",
-                                                rollout_pb2.StatusRequest()).active_groups
 
 
 def pool_failures(output: str, replica: str) -> list[dict]:
@@ -172,16 +203,7 @@ def test_a_vllm_replica_whose_engine_core_is_killed_leaves_and_the_run_finishes(
     assert {"rollout-hf", "rollout-vllm"} <= listed(stack.redis_url)
     (core,) = engine_cores(vllm.popen.pid)
     watch = HealthWatch(vllm.address or "")
-    # a group that waits, admitted, for a version that never comes: in flight at the kill
-    waiting: dict[str, object] = {}
-    far = rollout_pb2.GroupRequest(
-        task=common_pb2.TaskSpec(task="maze_2d", seed=1, size=7, max_turns=2), group_size=1,
-        sampling=rollout_pb2.SamplingParams(temperature=1.0, max_new_tokens=2),
-        idempotency_key=uuid.uuid4().hex, min_adapter_version=10**6)
-    waiter = threading.Thread(target=lambda: waiting.update(
-        result=stream_code(vllm.address or "", far, timeout_s=scaled(900))), daemon=True)
-    waiter.start()
-    wait_until("the waiting group admitted", lambda: active_groups(vllm.address or "") == 1)
+    waiter, waiting = wait_for_a_far_version(vllm.address or "")
 
     config = factories.learner_config(
         stack, tmp_path, RUN, model_dir=tiny_model_dir, steps=STEPS, mode="sync",
@@ -195,6 +217,7 @@ def test_a_vllm_replica_whose_engine_core_is_killed_leaves_and_the_run_finishes(
         wait_until("a trajectory from the vLLM replica", lambda: proc.poll() is None and
                    metric_sum(vllm.extra["metrics_url"],
                               "rlfleet_rollout_trajectories_total") > 0, timeout_s=900)
+        killed_at = time.time()
         os.kill(core.pid, signal.SIGKILL)
 
         wait_until("the vLLM replica to exit", lambda: not vllm.alive, timeout_s=300)
@@ -212,12 +235,13 @@ def test_a_vllm_replica_whose_engine_core_is_killed_leaves_and_the_run_finishes(
     # the group waiting on it was answered at once, UNAVAILABLE (re-sendable), not after
     # its 600 s wait nor with FAILED_PRECONDITION
     waiter.join(timeout=scaled(60))
-    code, got, details = waiting["result"]  # type: ignore[misc]
+    code, _, details = waiting["result"]
     assert code == grpc.StatusCode.UNAVAILABLE and "engine is dead" in details, details
     # the run finished on the hf replica: every step once, every seed once
     assert proc.returncode == 0, out
     steps = lineage_steps(read_events(metrics))
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+    assert any(s["time"] > killed_at for s in steps)  # steps were played after the kill
     seeds = [seed for s in steps for seed in s["seeds"]]
     assert len(seeds) == len(set(seeds)) == STEPS * GROUPS_PER_STEP
     # the dead replica failed only groups it held when it died (never re-sent to it,

@@ -58,6 +58,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Coroutine, Mapping, Sequence
 from concurrent.futures import Future
@@ -85,6 +86,8 @@ DEFAULT_MAX_MODEL_LEN = 4096
 DEFAULT_CPU_KV_CACHE_BYTES = 256 << 20
 # vLLM's start (profiling, KV cache allocation) on 2 shared cores can take minutes
 STARTUP_TIMEOUT_S = 1800.0
+# how often a call waiting on vLLM looks whether its engine core died meanwhile
+DEAD_POLL_S = 1.0
 
 T = TypeVar("T")
 
@@ -292,7 +295,22 @@ class VLLMEngine(AdapterEngine):
 
     def _wait(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        return future.result(timeout=timeout_s)
+        # A call to a dead engine core (add_lora, ...) is never answered: looked at every
+        # DEAD_POLL_S, so that it ends with EngineDead instead of holding its caller
+        # (and the adapter lock that close() takes) forever.
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            try:
+                return future.result(timeout=DEAD_POLL_S if left is None
+                                     else max(0.0, min(left, DEAD_POLL_S)))
+            except TimeoutError:
+                llm = getattr(self, "_llm", None)
+                if llm is not None and llm.errored:
+                    future.cancel()
+                    self.check_health()
+                if left is not None and left <= DEAD_POLL_S:
+                    raise
 
     def _stop_loop(self) -> None:
         if self._loop.is_running():
