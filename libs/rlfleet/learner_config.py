@@ -252,6 +252,33 @@ class MetricsConfig(ClosedModel):
                              "RLFLEET_METRICS_PORT in a deployment); none: no endpoint")
 
 
+# The experiment trackers a learner can report to, by name (rlfleet_learner.trackers
+# registers one of each; a test holds the two equal).
+TRACKER_NAMES = ("tensorboard", "wandb", "mlflow")
+TrackerName = Literal["tensorboard", "wandb", "mlflow"]
+
+
+class WandbConfig(ClosedModel):
+    project: str | None = Field(None, description="the W&B project; none: WANDB_PROJECT, "
+                                "else `rlfleet`")
+    entity: str | None = Field(None, description="the W&B entity (user or team); none: "
+                               "WANDB_ENTITY, else the API key's own")
+    name: str | None = Field(None, description="the W&B run's display name; none: "
+                             "WANDB_NAME, else the run's name")
+    mode: Literal["online", "offline"] | None = Field(
+        None, description="online (the key: WANDB_API_KEY) or offline (no network: the "
+        "run's files under WANDB_DIR, else the run's directory, for `wandb sync` later); "
+        "none: WANDB_MODE, else online")
+
+
+class MlflowConfig(ClosedModel):
+    tracking_uri: str | None = Field(
+        None, description="the MLflow tracking server (http://HOST:5000); none: "
+        "MLFLOW_TRACKING_URI (one of the two is needed with mlflow in report_to)")
+    experiment: str | None = Field(None, description="the MLflow experiment the run is "
+                                   "filed under; none: MLFLOW_EXPERIMENT_NAME, else `rlfleet`")
+
+
 class LearnerConfig(ClosedModel):
     run: str = Field("local", description="the run's name: its directory under the runs "
                      "root (RLFLEET_RUN in a deployment)")
@@ -312,6 +339,24 @@ class LearnerConfig(ClosedModel):
     metrics: MetricsConfig = Field(MetricsConfig(), description="the Prometheus endpoint")
     tls: ClientTls = Field(ClientTls(), description="TLS of the learner's clients of "
                            "ckpt-sync and the replicas (RLFLEET_TLS_* in a deployment)")
+    report_to: list[TrackerName] = Field(
+        ["tensorboard"], description="the experiment trackers each step's and eval's numbers "
+        "(metrics.jsonl's), the resolved config and, at the end, learning_curve.png and "
+        "summary.json go to, besides metrics.jsonl (the record): tensorboard (event files "
+        "in the run's directory), wandb, mlflow. A tracker that fails is warned about once "
+        "and never stops training; a resumed run continues the same tracker runs "
+        "(their ids in the run's trackers.json)")
+    wandb: WandbConfig = Field(WandbConfig(), description="Weights & Biases, with wandb in "
+                               "report_to")
+    mlflow: MlflowConfig = Field(MlflowConfig(), description="MLflow, with mlflow in "
+                                 "report_to")
+
+    @field_validator("report_to")
+    @classmethod
+    def _once_each(cls, names: list[str]) -> list[str]:
+        if len(set(names)) != len(names):
+            raise ValueError(f"report_to names a tracker twice: {names}")
+        return names
 
     @model_validator(mode="after")
     def _check(self) -> LearnerConfig:

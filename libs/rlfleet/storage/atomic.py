@@ -131,6 +131,32 @@ def write_file(directory: Path, name: str, data: bytes | memoryview, *, fsync: b
     return path
 
 
+def replace_file(directory: Path, name: str, data: bytes) -> Path:
+    """`directory/name` holds `data`, whole: written and fsynced under a temp name beside
+    it, renamed over the old file (a reader sees the old content or the new, never part
+    of either), the directory fsynced. For small records that change (unlike
+    `write_file`, which never replaces)."""
+    directory = Path(directory)
+    final = directory / validate_file_name(name)
+    tmp = directory / f".{name}{TEMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+        try:
+            view = memoryview(data).cast("B")
+            while view:
+                view = view[os.write(fd, view[:_CHUNK]):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+        fsync_dir(directory)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise _storage_error(exc, "cannot write", final) from exc
+    return final
+
+
 def ensure_dir(path: Path) -> None:
     """mkdir -p that fsyncs the parent of each directory it creates."""
     missing: list[Path] = []

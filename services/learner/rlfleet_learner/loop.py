@@ -8,8 +8,8 @@ older than that are dropped and counted).
 A step is all or nothing: a stop while its rollouts are still coming abandons it (no
 update, no publish, its seeds stay untrained); once the update has begun the step
 finishes. Each phase is timed (rollout wait, scoring, update, publish, eval) and the
-times go to metrics.jsonl (and the run's TensorBoard event files beside it), the step's
-log line and the Prometheus histogram.
+times go to metrics.jsonl (and from there to the config's report_to trackers:
+rlfleet_learner.trackers), the step's log line and the Prometheus histogram.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ from rlfleet_learner.samples import (
     segment_rows,
     trajectory_sample,
 )
-from rlfleet_learner.tensorboard import TensorBoardLog
+from rlfleet_learner.trackers.hub import TrackerHub
 from rlfleet_learner.workers import TrainerGroup
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,8 @@ class Learner:
         self.run_dir = self.root.run_dir(cfg.run)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.root.metrics_path(cfg.run)
-        self.tensorboard = TensorBoardLog(self.run_dir)  # the same scalars, for TensorBoard
+        # the same events, for the trackers the config reports to (TensorBoard, W&B, ...)
+        self.trackers = TrackerHub(cfg, self.run_dir, self.metrics_path)
         # The fleet's token (an empty one refuses to start; without one, auth must be off
         # explicitly: RLFLEET_AUTH=none) and TLS options (the config's tls section,
         # RLFLEET_TLS_* in a deployment, as the services'); the pool checks the Redis
@@ -271,7 +272,7 @@ class Learner:
             self.lease.ensure_held()  # a fenced-off learner records nothing
         doc = {"event": kind, "time": round(time.time(), 3), **fields}
         append_json_line(self.metrics_path, doc)  # whole lines only, even on a full disk
-        self.tensorboard.write(doc)
+        self.trackers.write(doc)
         return doc
 
     def _lease_fields(self) -> dict:
@@ -412,6 +413,8 @@ class Learner:
                 raise
             self._stop_on_failure(failure)  # the checkpoint may fail the same way: said
             raise failure from exc
+        finally:
+            self.trackers.close()
 
     def _stop_on_failure(self, exc: FleetFailure) -> None:
         """Saves every trained step (unless checkpoints are off) so that a rerun with

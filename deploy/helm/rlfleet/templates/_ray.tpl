@@ -57,6 +57,19 @@ spec:
           value: "{{ include "rlfleet.port.learnerMetrics" . }}"
         - name: HF_HOME
           value: /tmp/hf
+        {{- with $l.tracking }}
+        {{- if .wandb.apiKeySecret.name }}
+        - name: WANDB_API_KEY
+          valueFrom:
+            secretKeyRef:
+              name: {{ .wandb.apiKeySecret.name | quote }}
+              key: {{ .wandb.apiKeySecret.key | quote }}
+        {{- end }}
+        {{- if .mlflow.trackingUri }}
+        - name: MLFLOW_TRACKING_URI
+          value: {{ .mlflow.trackingUri | quote }}
+        {{- end }}
+        {{- end }}
       ports:
         {{- if .job }}
         - name: learner-metrics
