@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from bench.summary import limit_rows, print_summary
 
 LEARNER = {

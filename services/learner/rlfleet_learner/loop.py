@@ -476,7 +476,9 @@ class Learner:
             evals.append(self.evaluate())
         if cfg.checkpoint.every:
             self._checkpoint()
+        cut = self._budget_cut()
         return self._event("end", step=self.state.step, version=self.state.version,
+                           **({"time_budget_cut": cut} if cut else {}),
                            seconds=round(time.perf_counter() - started, 1),
                            train_seconds=round(self.state.train_seconds, 1),
                            signal_trajectories=self.state.signal_trajectories,
@@ -599,6 +601,16 @@ class Learner:
         return {BUDGET_SPENT_KEY: round(self._budget_spent_s(), 3),
                 **({} if self.state.planned_steps is None
                    else {PLANNED_STEPS_KEY: self.state.planned_steps})}
+
+    def _budget_cut(self) -> dict | None:
+        """How a time budget (cfg.minutes) shortened the run, said once at its end (a
+        recipe's `steps` is otherwise what it trains); None when it did not."""
+        planned, cfg = self.state.planned_steps, self.cfg
+        if cfg.minutes is None or planned is None or planned >= cfg.steps:
+            return None
+        log.warning(f"the time budget of {cfg.minutes:g} min ended the run after "
+                    f"{self.state.step} of the recipe's {cfg.steps} steps")
+        return {"minutes": cfg.minutes, "steps": self.state.step, "recipe_steps": cfg.steps}
 
     def _plan(self, seconds_per_step: float) -> None:
         """How many steps the time budget holds at the recent pace (at most cfg.steps):
