@@ -5,10 +5,9 @@ results/NAME-<bench>.json (docs/results.md is made from the records)."""
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 import time
-
-import json
 
 from bench.common import RESULTS
 from bench.summary import limit_rows, print_summary

@@ -164,6 +164,14 @@ def _rate(figures: dict, key: str, when: str) -> float | None:
     return (figures.get(key) or {}).get(when)
 
 
+def _change(figures: dict, key: str, bold: bool = False) -> str:
+    """A set's solve rate before → after ("–" when the record does not have the set)."""
+    if key not in figures:
+        return "–"
+    after = _pct(_rate(figures, key, "after"))
+    return f"{_pct(_rate(figures, key, 'before'))} → {f'**{after}**' if bold else after}"
+
+
 def _machine(m: dict) -> str:
     mem = f", {m['memory_gib']} GiB" if m.get("memory_gib") else ""
     return f"{m.get('cores', '?')}-core {m.get('cpu', '?')}{mem}"
@@ -174,10 +182,8 @@ def _run_row(r: dict) -> str:
     minutes = f.get("wall_clock_s")
     wall = "–" if minutes is None else f"{minutes / 60:.1f} min"
     return (f"| {r['date']} | `{r['commit']}` | {f.get('steps', '–')} | "
-            f"{_pct(_rate(f, 'heldout', 'before'))} → **{_pct(_rate(f, 'heldout', 'after'))}** | "
-            f"{_pct(_rate(f, 'eval', 'before'))} → {_pct(_rate(f, 'eval', 'after'))} | "
-            f"{_pct(_rate(f, 'heldout_moves_ge12', 'before'))} → "
-            f"{_pct(_rate(f, 'heldout_moves_ge12', 'after'))} | {wall} | {_machine(r['machine'])} |")
+            f"{_change(f, 'heldout', bold=True)} | {_change(f, 'eval')} | "
+            f"{_change(f, 'heldout_moves_ge12')} | {wall} | {_machine(r['machine'])} |")
 
 
 RUN_HEADER = ("| date | commit | steps | held-out solve (256) | eval solve (64) | "
@@ -204,11 +210,8 @@ def readme_table(records: Iterable[dict], root: Path | None = None) -> str:
         f = r["figures"]
         size = r.get("recipe", {}).get("data", {}).get("size", "?")
         lines.append(
-            f"| {size}×{size} (`{config.name}`) | "
-            f"{_pct(_rate(f, 'heldout', 'before'))} → **{_pct(_rate(f, 'heldout', 'after'))}** "
-            f"after {f.get('steps')} steps | "
-            f"{_pct(_rate(f, 'heldout_moves_ge12', 'before'))} → "
-            f"{_pct(_rate(f, 'heldout_moves_ge12', 'after'))} | "
+            f"| {size}×{size} (`{config.name}`) | {_change(f, 'heldout', bold=True)} "
+            f"after {f.get('steps')} steps | {_change(f, 'heldout_moves_ge12')} | "
             f"{f['wall_clock_s'] / 60:.1f} min | {_machine(r['machine'])} | `{command}` |")
         if r.get("curve_png"):
             curves.append(f"![learning curve, {size}×{size}](results/{r['curve_png']})")
