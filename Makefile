@@ -64,13 +64,15 @@ TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: setup vllm-venv helm-tools apiserver
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
-# The inner loop (docs/conventions.md, "Testing"): the unit, integration and conformance
-# tests not marked slow, vllm, deploy or heavy; needs neither the vLLM venv nor the
-# Kubernetes tools.
+# The inner loop (docs/conventions.md, "Testing"): the unit tests and the integration
+# modules listed here, less the tests marked slow, vllm, deploy or heavy; needs neither
+# the vLLM venv nor the Kubernetes tools.
 QUICK_MARKS := not slow and not vllm and not deploy and not heavy
+QUICK_INTEGRATION := tests/integration/test_json_logs.py tests/integration/test_reward_api.py \
+	tests/integration/test_rollout_capacity.py
 test-quick: setup
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "$(QUICK_MARKS)" \
-		tests/unit tests/integration tests/conformance
+		tests/unit $(QUICK_INTEGRATION)
 
 policy-bounds: setup
 	$(PYTHON) -m rlfleet.local.policy_bounds

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from bench.gpu.model import QWEN3_VL_8B, SMALL, lora_params, qwen3_vl_config, weight_params
 from transformers import Qwen3VLForConditionalGeneration
@@ -19,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ABSENT_ON_THE_GPU_MACHINE = ("ray", "redis", "vllm", "grpc")
 
 
+@pytest.mark.slow  # generates and trains a small model: too long for the quick tier
 def test_small_run_measures_every_phase_without_the_fleet_packages(tmp_path: Path) -> None:
     out = tmp_path / "bench_gpu.json"
     block = "".join(f"sys.modules[{name!r}] = None; " for name in ABSENT_ON_THE_GPU_MACHINE)

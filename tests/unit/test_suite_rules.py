@@ -148,6 +148,7 @@ LEAKY_TESTS = {
 }
 
 
+@pytest.mark.slow  # a pytest session of its own, with a fork server
 def test_a_leak_is_charged_to_the_test_that_made_it(tmp_path: Path) -> None:
     """A process left running fails the test that started it (in its tear-down), named by
     its node id, whether exec'd or forked by the fork server; one a module's fixture
