@@ -11,7 +11,11 @@ training run uses. Without an adapter the table has one column; with one, the ba
 model (before) and the adapter (after) side by side. The summary goes to --out as JSON.
 
 A learner config (--config) gives the episodes' settings (size, turn limit, observation
-profile, reply budget, reward, sets); the flags override it."""
+profile, reply budget, reward, sets); the flags override it.
+
+Exit 0: evaluated; 1: the fleet failed (one line, and where its logs are); 2: bad input
+(not a model, an adapter of another model, an unknown set or size: one line, nothing
+started or written)."""
 
 from __future__ import annotations
 
@@ -151,10 +155,11 @@ def _run(args: argparse.Namespace) -> int:
     work = args.keep_logs or Path(tempfile.mkdtemp(prefix="rlfleet-eval-"))
     try:
         summary = evaluate_model(cfg, args, work, [c.describe() for c in caps])
-    except BaseException:
-        print(f"rlfleet eval: failed; the fleet's logs are in {work / 'logs'}",
+    except Exception as exc:  # a service that did not start, a replica that failed
+        reason = (str(exc).strip().splitlines() or [repr(exc)])[0]
+        print(f"rlfleet eval: failed: {reason} (the fleet's logs: {work / 'logs'})",
               file=sys.stderr)
-        raise
+        return 1
     if args.keep_logs is None:
         shutil.rmtree(work, ignore_errors=True)
     from rlfleet.evaluation.table import comparison_table
