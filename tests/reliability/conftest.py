@@ -19,6 +19,7 @@ import pytest
 from rlfleet.clients.sync import SyncClient
 from rlfleet.local.procs import Proc, ProcessGroup, free_port, rlfleet_argv
 from rlfleet.local.redis import start_redis
+from rlfleet.local.stack import LocalStack, start_stack
 from rlfleet.rpc import RpcClient
 from rlfleet.rpc.health import check
 from rlfleet.storage import AdapterManifest, RunsRoot, list_checkpoints, publish_adapter_dir
@@ -33,6 +34,7 @@ from rlfleet.v1 import (
     sync_pb2,
     sync_pb2_grpc,
 )
+from tests.factories import SFT
 from tests.waits import scaled, wait_until  # noqa: F401 - re-exported to the tests
 
 Rollout = rollout_pb2_grpc.RolloutServiceStub
@@ -301,3 +303,15 @@ def stopped_cleanly_after_step_1(config: Path, root: RunsRoot, run: str,
     stops = [line for line in out.splitlines() if "rlfleet learner: stopped:" in line]
     assert len(stops) == 1, out
     return out, stops[0]
+
+
+@pytest.fixture
+def stack(request: pytest.FixtureRequest, tmp_path: Path, procs: ProcessGroup
+          ) -> Iterator[LocalStack]:
+    """The learner tests' fleet: one replica of the shipped SFT policy, the format+task
+    reward, for the test module's run (its `RUN`). A module that needs another fleet
+    defines its own `stack`."""
+    s = start_stack(tmp_path, runs_root=tmp_path / "runs", run=request.module.RUN,
+                    model_dir=SFT, replicas=1, reward="format+task", group=procs)
+    yield s
+    s.close()

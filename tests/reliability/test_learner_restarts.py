@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from rlfleet.local.metrics_jsonl import lineage_steps, read_events
-from rlfleet.local.stack import LocalStack, start_stack
+from rlfleet.local.stack import LocalStack
 from rlfleet.storage import (
     RunsRoot,
     checkpoint_adapter_versions,
@@ -45,21 +45,13 @@ from rlfleet.storage import (
 from rlfleet.storage.checkpoints import OPTIMIZER_FILE
 from rlfleet_learner.cursor import SeedCursor
 from tests import factories
-from tests.factories import NO_EVAL, SFT, learner_process
+from tests.factories import NO_EVAL, learner_process
 from tests.waits import scaled
 
 RUN = "restarts"
 STEPS = 8  # the config's; attempts 1 and 2 run with OPEN_ENDED, the last with its own
 OPEN_ENDED = 10_000
 GROUPS_PER_STEP = 2
-
-
-@pytest.fixture
-def stack(tmp_path: Path, procs):  # noqa: ANN201
-    s = start_stack(tmp_path, runs_root=tmp_path / "runs", run=RUN, model_dir=SFT,
-                    replicas=1, reward="format+task", group=procs)
-    yield s
-    s.close()
 
 
 def learner_config(stack: LocalStack, tmp_path: Path, mode: str) -> Path:

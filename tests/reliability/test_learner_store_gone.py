@@ -17,23 +17,15 @@ import pytest
 
 from rlfleet.local.metrics_jsonl import lineage_steps, read_events
 from rlfleet.local.redis import start_redis
-from rlfleet.local.stack import LocalStack, start_stack
+from rlfleet.local.stack import LocalStack
 from rlfleet.storage import RunsRoot, list_checkpoints
 from tests import factories
-from tests.factories import HOT_SHORT_EPISODES, NO_EVAL, SFT, learner_process
+from tests.factories import HOT_SHORT_EPISODES, NO_EVAL, learner_process
 from tests.reliability.conftest import stopped_cleanly_after_step_1
 from tests.waits import scaled
 
 RUN = "store-gone"
 STEPS = 3
-
-
-@pytest.fixture
-def stack(tmp_path: Path, procs):  # noqa: ANN201
-    s = start_stack(tmp_path, runs_root=tmp_path / "runs", run=RUN, model_dir=SFT,
-                    replicas=1, reward="format+task", group=procs)
-    yield s
-    s.close()
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from rlfleet.local.metrics_jsonl import lineage_steps, read_events
-from rlfleet.local.stack import LocalStack, start_stack
+from rlfleet.local.stack import LocalStack
 from rlfleet.policy.fingerprint import model_fingerprint
 from rlfleet.storage import RunsRoot, list_checkpoints, list_versions, publish_adapter_dir
 from rlfleet.storage.checkpoints import read_checkpoint_identity
@@ -36,14 +36,6 @@ from tests.waits import scaled
 RUN = "checked"
 OTHER_BASE = REPO / "warm-starts" / "tiny-sft-feedback"  # SFT's architecture, other weights
 NOWHERE = "127.0.0.1:9"  # a Ray address nothing listens on: reaching Ray would fail
-
-
-@pytest.fixture
-def stack(tmp_path: Path, procs):  # noqa: ANN201
-    s = start_stack(tmp_path, runs_root=tmp_path / "runs", run=RUN, model_dir=SFT,
-                    replicas=1, reward="format+task", group=procs)
-    yield s
-    s.close()
 
 
 def config(stack: LocalStack, tmp_path: Path, name: str, model: dict | None = None,

@@ -30,12 +30,12 @@ import pytest
 
 from rlfleet.fleet import AdapterDirectory, connect
 from rlfleet.local.metrics_jsonl import lineage_steps, read_events
-from rlfleet.local.stack import LocalStack, start_stack
+from rlfleet.local.stack import LocalStack
 from rlfleet.storage import RunsRoot, list_versions, publish_adapter_dir, read_manifest
 from rlfleet.storage.lease import RunLease, current_lease
 from rlfleet.v1 import common_pb2, sync_pb2
 from tests import factories
-from tests.factories import NO_EVAL, SFT, learner_process
+from tests.factories import NO_EVAL, learner_process
 from tests.reliability.conftest import Fleet, Sync, lora_files
 from tests.waits import scaled, wait_until
 
@@ -177,14 +177,6 @@ def test_ckptsync_refuses_a_version_of_an_older_generation(fleet: Fleet) -> None
         assert announce(3).adapter.version == 3
     finally:
         second.release()
-
-
-@pytest.fixture
-def stack(tmp_path: Path, procs):  # noqa: ANN201
-    s = start_stack(tmp_path, runs_root=tmp_path / "runs", run=RUN, model_dir=SFT,
-                    replicas=1, reward="format+task", group=procs)
-    yield s
-    s.close()
 
 
 def wait_for(metrics: Path, proc: subprocess.Popen, what: str, predicate, after: int = 0
