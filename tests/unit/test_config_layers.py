@@ -78,8 +78,11 @@ def test_extends_must_name_a_file(tmp_path: Path) -> None:
 
 
 def test_the_shipped_variants_are_short_overlays() -> None:
-    for name in ("local-tiny-9x9.yaml",):
-        raw = yaml.safe_load((CONFIGS / name).read_text())
-        assert raw["extends"] == "local-tiny.yaml"
-        assert len(raw) <= 6, f"{name} restates its base: {sorted(raw)}"
-        load_config(LearnerConfig, CONFIGS / name, env={})
+    variants = [p for p in sorted(CONFIGS.glob("*.yaml"))
+                if "extends" in (yaml.safe_load(p.read_text()) or {})]
+    assert {p.name for p in variants} >= {"local-tiny-9x9.yaml", "local-tiny-11x11.yaml"}
+    for path in variants:
+        raw = yaml.safe_load(path.read_text())
+        assert (CONFIGS / raw["extends"]).is_file(), path.name
+        assert len(raw) <= 6, f"{path.name} restates its base: {sorted(raw)}"
+        load_config(LearnerConfig, path, env={})
