@@ -35,7 +35,7 @@ def test_vllm_arguments_come_from_the_profile() -> None:
     p = serving_profile("qwen3-vl-8b")
     kwargs = p.vllm_kwargs(max_staleness=1)
     assert kwargs == {"dtype": "bfloat16", "max_model_len": 16384, "max_lora_rank": 32,
-                      "max_loras": 2, "max_images_per_prompt": 15,
+                      "max_loras": 2, "max_images_per_prompt": 20,  # VisGym's 20 turns
                       "gpu_memory_utilization": 0.85}
     assert serving_profile("tiny").vllm_kwargs(max_staleness=3)["max_loras"] == 4
     assert "gpu_memory_utilization" not in serving_profile("tiny").vllm_kwargs(1)
