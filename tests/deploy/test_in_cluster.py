@@ -597,8 +597,16 @@ DRAINED = {"env": 50051, "reward": 50051, "ckptsync": 50053, "rollout": 50052}
 def drained(fleet: Fleet) -> dict[str, tuple[str, str]]:
     """component -> (its health before the kubelet's SIGTERM, its log until it exited)."""
     pods = {c: fleet.ready_pods(c)[0]["metadata"]["name"] for c in DRAINED}
-    health = {c: fleet.k("exec", pod, "--", "rlfleet", "health",
-                         f"127.0.0.1:{DRAINED[c]}").stdout.strip() for c, pod in pods.items()}
+
+    def probe(pod: str) -> list[str]:
+        # the pod's own readiness probe: `rlfleet health` over mTLS with its certificate
+        spec = fleet.kubectl_json("get", "pod", pod)["spec"]["containers"][0]
+        command = spec["readinessProbe"]["exec"]["command"]
+        assert command[:2] == ["rlfleet", "health"], command
+        return command
+
+    health = {c: fleet.k("exec", pod, "--", *probe(pod)).stdout.strip()
+              for c, pod in pods.items()}
     follows = {c: subprocess.Popen([str(fleet.kubectl), "logs", "-f", pod], env=fleet.env,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                for c, pod in pods.items()}

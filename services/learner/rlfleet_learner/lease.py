@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+from rlfleet import defaults
 from rlfleet.learner_config import LearnerConfig
 from rlfleet.policy.profiles import resolve_model_dir
 from rlfleet.storage import RunsRoot
@@ -30,7 +31,7 @@ def hold_run(cfg: LearnerConfig, resume: str) -> RunLease:
     lease = RunLease(RunsRoot(cfg.fleet.runs_root), cfg.run, cfg.lease_s)
     record = lease.acquire()
     try:
-        model_dir = resolve_model_dir(cfg.model.profile, cfg.model.path)
+        model_dir = resolve_model_dir(cfg.model.profile, cfg.model.path, defaults.cache_dir())
         check_before_start(cfg, resume, model_dir)
     except BaseException:
         lease.release()

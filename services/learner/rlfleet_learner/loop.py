@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Gauge, Histogram
 
+from rlfleet import defaults
 from rlfleet.clients.rollout_pool import RolloutPool
 from rlfleet.clients.sync import SyncClient
 from rlfleet.config import fleet_token
@@ -167,7 +168,8 @@ class Learner:
                                           SyncClient(cfg.fleet.sync_address, token=token,
                                                      timeout_s=60, tls=tls),
                                           announce_retry_s=cfg.fleet.publish_retry_s)
-        model_dir = str(resolve_model_dir(cfg.model.profile, cfg.model.path))
+        model_dir = str(resolve_model_dir(cfg.model.profile, cfg.model.path,
+                                          defaults.cache_dir()))
         self.identity = run_identity(cfg, model_dir)
         self.publisher.lease = lease
         self.publisher.base_sha256 = self.identity["model"]["sha256"]
