@@ -7,8 +7,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from rlfleet.evaluation.summary import by_length
+from rlfleet.evaluation.table import comparison_table
 from rlfleet.local.plots import learning_curve
-from rlfleet.local.run import _table, run_figures
+from rlfleet.local.run import run_figures
 from rlfleet.maze.difficulty import band, shortest_moves
 from rlfleet.maze.tasks import HELDOUT_SEEDS
 
@@ -31,7 +32,7 @@ def test_the_heldout_set_is_summarised_per_band() -> None:
 
 def summary(episodes: int, rate: float) -> dict:
     return {"episodes": episodes, "solve_rate": rate, "solve_rate_se": 0.03,
-            "pass_at_1": rate, "mean_turns": 12.0}
+            "pass_at_1": rate, "mean_reward": rate, "mean_turns": 12.0}
 
 
 def eval_doc(step: int, long_rate: float) -> dict:
@@ -40,7 +41,7 @@ def eval_doc(step: int, long_rate: float) -> dict:
 
 
 def test_the_table_has_a_row_per_band_with_its_change() -> None:
-    table = _table(eval_doc(0, 0.0), eval_doc(80, 0.25))
+    table = comparison_table([("before", eval_doc(0, 0.0)), ("after", eval_doc(80, 0.25))])
     row = next(line for line in table.splitlines() if ">= 12 moves (29)" in line)
     assert row.split()[-3:] == ["0.0%", "25.0%", "+25.0pt"]
     assert "8-11 moves (227)" in table and "<= 7 moves" not in table

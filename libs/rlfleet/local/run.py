@@ -31,6 +31,9 @@ import yaml
 from rlfleet import defaults
 from rlfleet.cliargs import DocHelpFormatter, Parser
 from rlfleet.config import TOKEN_NAME, fleet_token
+from rlfleet.evaluation.play import eval_sets
+from rlfleet.evaluation.solvable import turn_caps
+from rlfleet.evaluation.table import comparison_table
 from rlfleet.learner_config import LearnerConfig, load_learner_config, updated
 from rlfleet.local import records
 from rlfleet.local.metrics_jsonl import read_events
@@ -69,39 +72,6 @@ def learner_console_env(env: Mapping[str, str] | None = None,
     `make` or a wrapper may hand it a pipe while the person watches stdout)."""
     human = human_console(env, sys.stdout if stdout is None else stdout)
     return {CONSOLE_ENV: "human" if human else "json"}
-
-
-def _table(first: dict, last: dict) -> str:
-    lines = [f"{'':<28}{'before (SFT)':>16}{'after GRPO':>16}{'change':>10}"]
-    for name in ("eval", "heldout"):
-        if name not in first or name not in last:
-            continue
-        a, b = first[name], last[name]
-        label = (f"{a['episodes']} eval mazes" if name == "eval"
-                 else f"{a['episodes']} held-out mazes")
-        rows = [
-            (f"{label}: true solve", a["solve_rate"], b["solve_rate"], True),
-            ("  ± standard error", a["solve_rate_se"], b["solve_rate_se"], None),
-            ("  pass@1 (reward > 0)", a["pass_at_1"], b["pass_at_1"], True),
-            ("  mean turns", a["mean_turns"], b["mean_turns"], False),
-        ]
-        for label_, x, y, pct in rows:
-            if pct is None:
-                lines.append(f"{label_:<28}{100 * x:>15.1f}%{100 * y:>15.1f}%")
-            elif pct:
-                lines.append(f"{label_:<28}{100 * x:>15.1f}%{100 * y:>15.1f}%"
-                             f"{100 * (y - x):>+9.1f}pt")
-            else:
-                lines.append(f"{label_:<28}{x:>16.2f}{y:>16.2f}{y - x:>+10.2f}")
-    for key, label, _, _ in BANDS:  # the held-out mazes by shortest-path length
-        name = f"heldout_{key}"
-        if name in first and name in last:
-            a, b = first[name], last[name]
-            row = f"  {label} ({a['episodes']})"
-            lines.append(f"{row:<28}{100 * a['solve_rate']:>15.1f}%"
-                         f"{100 * b['solve_rate']:>15.1f}%"
-                         f"{100 * (b['solve_rate'] - a['solve_rate']):>+9.1f}pt")
-    return "\n".join(lines)
 
 
 # The sets the summary keeps, start and end: the eval and held-out mazes, and the
@@ -270,8 +240,11 @@ def main(argv: list[str] | None = None) -> int:
                                          if k in e}} for e in evals],
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    caps = turn_caps(cfg.data.task, eval_sets(cfg.eval.eval_seeds, cfg.eval.heldout_seeds),
+                     cfg.data.size, cfg.data.max_turns)
     print()
-    print(_table(before, after))
+    print(comparison_table([("before (SFT)", before), ("after GRPO", after)],
+                           [c.describe() for c in caps]))
     cut = end.get("time_budget_cut")
     if cut:
         print(f"\nThe time budget of {cut['minutes']:g} min ended the run after "
