@@ -7,7 +7,6 @@ absolute numbers across runs.
 from __future__ import annotations
 
 import json
-import platform
 import time
 from pathlib import Path
 from typing import Any
@@ -32,11 +31,13 @@ def write_results(name: str, rows: list[dict[str, Any]], *, value_key: str, unit
                   plot: bool = True) -> Path:
     """The JSON result, its table, and (``plot``) its PNG. A bench that runs under the
     vLLM venv, which has no matplotlib, writes ``plot=False`` and its parent draws."""
+    from rlfleet.local.records import machine  # the one description of a machine
+
     RESULTS.mkdir(parents=True, exist_ok=True)
     doc = {
         "bench": name,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"cpu_count": __import__("os").cpu_count(), "python": platform.python_version()},
+        "machine": machine(),
         "meta": meta or {},
         "rows": rows,
     }
