@@ -31,8 +31,8 @@ def main(argv: list[str]) -> int:
     names, record = list(argv), None
     if "--record" in names:
         at = names.index("--record")
-        if at + 1 >= len(names) or not records.NAME.match(names[at + 1]):
-            raise SystemExit("--record NAME: lower-case letters, digits, '.', '_' and '-'")
+        if at + 1 >= len(names):
+            raise SystemExit("--record NAME: the records' name")
         record = names[at + 1]
         del names[at:at + 2]
     sys.argv[1:] = []  # the names are ours; a bench's own flags take their defaults
@@ -41,6 +41,12 @@ def main(argv: list[str]) -> int:
     if unknown:
         raise SystemExit(f"unknown bench(es) {unknown}: the benches are "
                          f"{[n.removeprefix('bench.') for n in BENCHES + ON_REQUEST]}")
+    for name in chosen or BENCHES:  # every record's name is checked before any bench runs
+        if record:
+            try:
+                records.new_record_path(_record_name(record, name))
+            except records.RecordError as exc:
+                raise SystemExit(f"--record: {exc}") from None
     for name in chosen or BENCHES:
         print(f"\n=== {name}", flush=True)
         start = time.perf_counter()
@@ -50,6 +56,10 @@ def main(argv: list[str]) -> int:
             _record(record, name.removeprefix("bench."))
     print_summary()
     return 0
+
+
+def _record_name(record: str, bench: str) -> str:
+    return f"{record}-{bench.removeprefix('bench.').replace('_', '-')}"
 
 
 def _record(record: str, bench: str) -> None:
@@ -67,7 +77,7 @@ def _record(record: str, bench: str) -> None:
                   for w, m, lim, met in limit_rows(isolated)]
     finally:
         (isolated / f"{bench}.json").unlink()
-    path = records.write_record(f"{record}-{bench.replace('_', '-')}", bench,
+    path = records.write_record(_record_name(record, bench), bench,
                                 f"make bench BENCHES={bench}",
                                 {"limits": limits, "result": result})
     print(f"recorded as {path}", flush=True)

@@ -107,11 +107,10 @@ def commit(root: Path | None = None) -> str:
     return f"{head}+changes" if head and dirty else (head or "unknown")
 
 
-def write_record(name: str, kind: str, command: str, figures: dict[str, Any], *,
-                 recipe: dict[str, Any] | None = None, config: str | None = None,
-                 curve_png: Path | None = None, records_dir: Path = RECORDS_DIR) -> Path:
-    """Write `records_dir/<name>.json` (and the curve PNG beside it) and return its path;
-    RecordError for a bad name or one that is taken (a record is never overwritten)."""
+def new_record_path(name: str, records_dir: Path = RECORDS_DIR) -> Path:
+    """Where the record `name` goes; RecordError for a bad name or one that is taken (a
+    record is never overwritten). Checked again when it is written, and by a command
+    before its run, so a long run never ends on a name it cannot keep."""
     if not NAME.match(name):
         raise RecordError(f"record name {name!r}: use lower-case letters, digits, '.', '_' "
                           "and '-' (at most 80)")
@@ -119,6 +118,15 @@ def write_record(name: str, kind: str, command: str, figures: dict[str, Any], *,
     if path.exists():
         raise RecordError(f"record {path} exists: a record is never overwritten; name "
                           "this one differently")
+    return path
+
+
+def write_record(name: str, kind: str, command: str, figures: dict[str, Any], *,
+                 recipe: dict[str, Any] | None = None, config: str | None = None,
+                 curve_png: Path | None = None, records_dir: Path = RECORDS_DIR) -> Path:
+    """Write `records_dir/<name>.json` (and the curve PNG beside it) and return its path;
+    RecordError as new_record_path."""
+    path = new_record_path(name, records_dir)
     record: dict[str, Any] = {
         "name": name, "kind": kind, "date": time.strftime("%Y-%m-%d"),
         "commit": commit(), "machine": machine(), "command": command}

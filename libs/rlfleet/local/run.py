@@ -133,12 +133,11 @@ def main(argv: list[str] | None = None) -> int:
                              "its curve as results/NAME.png), from the repository root; "
                              "docs/results.md is made from the records")
     args = parser.parse_args(argv)
-    if args.record and not records.NAME.match(args.record):
-        parser.error(f"--record {args.record!r}: use lower-case letters, digits, '.', '_' "
-                     "and '-'")
-    if args.record and (records.RECORDS_DIR / f"{args.record}.json").exists():
-        parser.error(f"--record {args.record}: results/{args.record}.json exists (a record "
-                     "is never overwritten)")
+    if args.record:
+        try:
+            records.new_record_path(args.record)
+        except records.RecordError as exc:
+            parser.error(f"--record: {exc}")
     try:
         learner_console_env()  # a mistyped RLFLEET_CONSOLE: said before anything starts
     except ValueError as exc:
