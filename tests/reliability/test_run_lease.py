@@ -43,8 +43,8 @@ RUN = "leased"
 OPEN_ENDED = 10_000
 
 # A process that takes the run's lease at `start` (wall clock), says WON <generation>
-# (or the refusal), then checks it holds the lease every 50 ms until stdin closes:
-# LOST <reason> and exit 3 the moment it does not.
+# (or the refusal), then checks it holds the lease every 50 ms until stdin closes, and
+# once more after: LOST <reason> and exit 3 the moment it does not.
 HOLDER = r"""
 import sys, time
 from rlfleet.storage import RunsRoot
@@ -65,6 +65,9 @@ threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).sta
 try:
     while not done.wait(0.05):
         lease.ensure_held()
+    # as a learner's last write: a holder woken from a stop with its stdin already
+    # closed checks once more before it releases
+    lease.ensure_held()
 except LeaseLost as exc:
     print("LOST", exc, flush=True)
     sys.exit(3)
