@@ -50,6 +50,7 @@ def env_without_args(v: dict) -> dict:
 
 CASES = {
     # name: (values change, --set args, text the error must contain)
+    "unknown learner console": (None, ["learner.console=fancy"], "/learner/console"),
     "negative rollout replicas": (None, ["rollout.replicas=-1"], "/rollout/replicas"),
     "negative reward replicas": (
         None,

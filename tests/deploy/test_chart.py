@@ -300,6 +300,21 @@ def test_rollout_and_learner_placement_on_hyperpod(render) -> None:
     assert "/etc/rlfleet" in mounts
 
 
+def test_the_learners_console_is_chosen_in_values(render) -> None:
+    def consoles(r) -> set[str]:  # noqa: ANN001 - a Rendered
+        ray_pods = [t for name, t in pod_specs(r) if "learner" in name
+                    and not name.endswith("#submitter")]
+        ray_pods += [o["spec"]["template"] for o in r.objects
+                     if o["kind"] == "Deployment" and "ray-" in o["metadata"]["name"]]
+        assert ray_pods
+        return {env_of(container(t))["RLFLEET_CONSOLE"]["value"] for t in ray_pods}
+
+    # JSON lines for log tooling unless asked; the local profile's person reads lines
+    assert consoles(render(HYPERPOD)) == {"json"}
+    assert consoles(render(HYPERPOD, extra=["--set", "learner.console=human"])) == {"human"}
+    assert consoles(render(LOCAL)) == {"human"}
+
+
 def test_learner_config_comes_from_values_or_a_file(render, helm: str, tmp_path: Path) -> None:
     cm = render(HYPERPOD).get("ConfigMap", "rlfleet-learner")
     # The recipe only: the run name and model path come from the pod's environment.

@@ -42,6 +42,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.console import assert_readable_log
 from tests.waits import wait_until
 
 from .conftest import ROOT, SCRIPTS, _run
@@ -531,6 +532,8 @@ def test_grpo_run_scale_and_reward_swap_in_the_cluster(fleet: Fleet) -> None:
              1200, "the learner Job to complete", fleet.diagnose)
     steps = fleet.steps()
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+    # the local profile's learner log is for a person (learner.console: human)
+    assert_readable_log(fleet.k("logs", f"job/{job}").stdout, steps=STEPS)
     versions = [s["version"] for s in steps]
     assert versions == sorted(versions) and len(set(versions)) == len(versions)
 

@@ -35,6 +35,7 @@ import yaml
 from rlfleet.local.marks import marked
 from rlfleet.local.procs import free_port, rlfleet_argv
 from rlfleet_learner.ray_start import start_with_retry
+from tests.console import assert_readable_log
 from tests.waits import scaled
 
 pytestmark = pytest.mark.slow
@@ -316,12 +317,17 @@ def test_a_submitted_learner_trains_against_a_fleet_that_requires_the_token(
     config = learner_config(stack, tmp_path, run, steps=2, eval=NO_EVAL,
                             data={"groups_per_step": 2, "group_size": 4},
                             checkpoint={"every": 1000}, ray={"num_workers": 1})
-    out = submit(head, config, token_file, "--wait")
+    out = submit(head, config, token_file, "--wait", "--console", "human")
     assert out.returncode == 0, out.stderr[-4000:]
     job_id = out.stdout.strip()
     assert rlfleet("status", job_id, *remote(head)).stdout.strip() == "SUCCEEDED"
     steps = [e for e in read_events(stack.runs_root / run / "metrics.jsonl")
              if e["event"] == "step"]
     assert [s["step"] for s in steps] == [1, 2]
+    assert_readable_log(out.stderr, steps=2)
+    # the JSON lines are in the run's log file
+    log_file = stack.runs_root / run / "logs" / "learner.log"
+    assert any(json.loads(line).get("msg") == "step"
+               for line in log_file.read_text().splitlines())
     assert all(s["trajectories"] == 2 * 4 for s in steps)
     assert_token_hidden(head, job_id, out.stdout, out.stderr)

@@ -23,6 +23,7 @@ from rlfleet_learner.console import (
 )
 from rlfleet_learner.ray_logs import autoscaler_problems, relay_batch
 from rlfleet_learner.reporting import report_progress
+from rlfleet_learner.submit import JobLogPrinter, write_working_dir
 
 STATUS_DUMP = [
     "======== Autoscaler status: 2026-12-02 05:00:00.000000 ========",
@@ -124,6 +125,41 @@ def test_worker_errors_in_rays_format_are_kept(records):
     relay_batch(batch(["2026-12-02 05:00:00,000\tERROR worker.py:9 -- Task failed"],
                       is_err=True))
     assert [r.levelno for r in records] == [logging.WARNING]
+
+
+def test_a_workers_progress_bar_is_its_last_redraw_at_info(records):
+    bar = ("\rLoading weights:   0%|          | 0/86 [00:00<?, ?it/s]"
+           "\rLoading weights: 100%|\u2588\u2588\u2588\u2588| 86/86 [00:00<00:00, 9.1it/s]")
+    relay_batch(batch([bar, "\r"], is_err=True))
+    assert [(r.levelno, r.getMessage()) for r in records] == [
+        (logging.INFO, "Loading weights: 100%|\u2588\u2588\u2588\u2588| 86/86 "
+                       "[00:00<00:00, 9.1it/s]")]
+    assert "\r" not in records[0].getMessage()
+
+
+def test_the_job_log_printer_leaves_out_rays_info_lines_across_chunks():
+    out = io.StringIO()
+    printer = JobLogPrinter(out)
+    text = ("2026-12-07 20:00:46,197\tINFO job_manager.py:581 -- Runtime env is setting up.\n"
+            "Running entrypoint for job raysubmit_1: rlfleet learner run\n"
+            "step   1/2  reward 0.625\n"
+            "2026-12-07 20:00:47,000\tWARNING worker.py:9 -- a worker died\n"
+            "job ends without a newline")
+    for i in range(0, len(text), 7):  # chunks that split lines anywhere
+        printer.write(text[i:i + 7])
+    printer.close()
+    assert out.getvalue().splitlines() == [
+        "Running entrypoint for job raysubmit_1: rlfleet learner run",
+        "step   1/2  reward 0.625",
+        "2026-12-07 20:00:47,000\tWARNING worker.py:9 -- a worker died",
+        "job ends without a newline"]
+
+
+def test_submit_puts_the_console_in_the_jobs_environment(tmp_path):
+    env = write_working_dir(tmp_path, "run: r\n", None, 30, "human")["env_vars"]
+    assert env[CONSOLE_ENV] == "human"
+    unset = write_working_dir(tmp_path, "run: r\n", None, 30)["env_vars"]
+    assert CONSOLE_ENV not in unset  # the cluster's own setting decides
 
 
 STEP = {"event": "step", "step": 7, "version": 7, "reward_mean": 0.4123,

@@ -49,7 +49,8 @@ def learning_curve(steps: list[dict], evals: list[dict], out: Path, title: str =
     ax2.set_ylabel("greedy true solve rate (%)")
     ax2.set_xlabel("GRPO step")
     ax2.grid(alpha=0.3)
-    ax2.legend(loc="lower right")
+    if series:  # a run without evals has no curve to name
+        ax2.legend(loc="lower right")
     if full:
         by_length(fig.add_subplot(grid[2]), full[0], full[-1])
     if title:

@@ -12,7 +12,9 @@ Not every line is relayed: the batches Ray marks pid "autoscaler" are its monito
 "Warning: The following resource request cannot be scheduled"); a line a worker's
 library writes in Ray's own log format ("... INFO worker.py:123 -- ...") is dropped
 below WARNING, and so is a worker's JSON record of a library logger (ray, transformers,
-...) below WARNING. What the trainers print, and every warning or error, stays.
+...) below WARNING. A progress bar (tqdm's "Loading weights: 100%|...| 86/86", redrawn
+with carriage returns on stderr) is kept as what a terminal would show last, at INFO: a
+bar is not a warning. What the trainers print, and every warning or error, stays.
 
 Ray's printer is reached through `ray._private.ray_logging` (no public API swaps it); if
 that moves in a later Ray, the learner keeps Ray's printer and says so once.
@@ -36,6 +38,8 @@ AUTOSCALER = "autoscaler"
 EVENT_SUMMARY = ":event_summary:"  # Ray's mark of an autoscaler event (v1 monitor)
 # Ray's own log format, e.g. "2026-01-01 10:00:00,123\tINFO worker.py:1 -- Connecting".
 _RAY_LOG_LINE = re.compile(r"^\S+ \S+\s+(DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+:\d+ -- ")
+# tqdm's bar: "<desc>: 100%|██████████| 86/86 [00:00<00:00, ...]"
+_PROGRESS_BAR = re.compile(r"\d+%\|[^|]*\|\s*\d+/\d+")
 _PROBLEM = re.compile(r"\b(error|warning|exception|traceback|failed|fatal)\b", re.I)
 _ERROR = re.compile(r"\b(error|traceback|fatal|exception)\b", re.I)
 QUIET_BELOW = logging.WARNING  # library chatter under this level is not relayed
@@ -86,7 +90,25 @@ def _worker_fields(batch: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
+def last_redraw(line: str) -> str:
+    """What a terminal shows of a line redrawn with carriage returns (a progress bar):
+    its last non-empty part."""
+    parts = [part for part in line.split("\r") if part.strip()]
+    return parts[-1] if parts else ""
+
+
+def is_progress_bar(line: str) -> bool:
+    """A tqdm progress bar's line (after `last_redraw`)."""
+    return bool(_PROGRESS_BAR.search(line))
+
+
 def _relay_line(line: str, is_err: bool, fields: dict[str, Any]) -> None:
+    line = last_redraw(line)
+    if not line:
+        return
+    if is_progress_bar(line):
+        worker_log.info(line, extra=fields)
+        return
     try:
         doc = json.loads(line)
     except ValueError:

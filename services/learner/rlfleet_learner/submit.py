@@ -12,6 +12,12 @@ What travels with the job, and how:
   and `ray job status`.
 - Ray's own token (Ray 2.60 turns token auth on by default): an Authorization header, read
   from --ray-token-file, RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token.
+- the console (--console human|json): RLFLEET_CONSOLE in the job's env_vars, so the
+  followed log is short lines for a person (the JSON lines then go to the run's
+  logs/learner.log) or JSON lines for log tooling; unset, the cluster's own setting.
+
+The job's log as printed here (--wait, `logs`) leaves out Ray's own INFO lines ("Runtime
+env is setting up", the SDK's "Uploading package"): library chatter, not the learner.
 
 Ray is imported inside the command functions only: `rlfleet --help` stays fast.
 """
@@ -19,6 +25,7 @@ Ray is imported inside the command functions only: `rlfleet --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shlex
 import sys
@@ -28,6 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from rlfleet.logs import CONSOLE_MODES
+from rlfleet_learner.ray_logs import is_library_chatter
 
 # Names inside the job's working directory (the entrypoint's current directory).
 CONFIG_NAME = "learner.yaml"
@@ -141,13 +151,17 @@ def entrypoint(run: str | None, resume: str) -> str:
 
 
 def write_working_dir(directory: Path, config_text: str, token: str | None,
-                      stop_grace_s: int) -> dict[str, Any]:
+                      stop_grace_s: int, console: str | None = None) -> dict[str, Any]:
     """Fills `directory` with what the job needs; returns the job's runtime_env."""
+    from rlfleet.logs import CONSOLE_ENV
+
     (directory / CONFIG_NAME).write_text(config_text)
     # Ray's job supervisor reads it from the job's env_vars: how long a stop waits after
     # SIGTERM (the learner finishes or abandons its step and checkpoints) before SIGKILL;
     # Ray's own default, 3 s, would lose the steps since the last checkpoint.
     env_vars = {"RAY_JOB_STOP_WAIT_TIME_S": str(stop_grace_s)}
+    if console:
+        env_vars[CONSOLE_ENV] = console
     if token is None:
         env_vars["RLFLEET_AUTH"] = "none"
     else:
@@ -178,6 +192,15 @@ def ray_token(path: str | None, address: str) -> str | None:
         return None
 
 
+def quiet_ray_sdk() -> None:
+    """The SDK's own INFO lines ("Uploading package ...", "WebSocket closed ...") are not
+    the job's: only its warnings reach this command's stderr. Its modules set INFO on
+    their own loggers, so each Ray logger that exists once it is imported is raised."""
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if (name == "ray" or name.startswith("ray.")) and isinstance(logger, logging.Logger):
+            logger.setLevel(max(logger.level, logging.WARNING))
+
+
 def connect(args: argparse.Namespace) -> Any:
     """A JobSubmissionClient for --address (its constructor checks the address answers);
     an address that does not answer is tried again for --connect-timeout seconds (a Ray
@@ -190,6 +213,7 @@ def connect(args: argparse.Namespace) -> Any:
     else:
         token = ray_token(args.ray_token_file, args.address)
     headers = {"Authorization": f"Bearer {token}"} if token else None
+    quiet_ray_sdk()
     deadline = time.monotonic() + max(0.0, getattr(args, "connect_timeout", 0.0) or 0.0)
     while True:
         try:
@@ -237,15 +261,40 @@ def wait_terminal(client: Any, args: argparse.Namespace, job_id: str,
         time.sleep(1.0)
 
 
+class JobLogPrinter:
+    """Writes a job's log, arriving in chunks that may split lines, without Ray's own
+    lines below WARNING (its job manager's, in Ray's log format)."""
+
+    def __init__(self, out: Any) -> None:
+        self.out = out
+        self._partial = ""
+
+    def write(self, chunk: str) -> None:
+        lines = (self._partial + chunk).split("\n")
+        self._partial = lines.pop()
+        kept = [line for line in lines if not is_library_chatter(line)]
+        if kept:
+            self.out.write("\n".join(kept) + "\n")
+            self.out.flush()
+
+    def close(self) -> None:
+        if self._partial and not is_library_chatter(self._partial):
+            self.out.write(self._partial + "\n")
+            self.out.flush()
+        self._partial = ""
+
+
 def _follow(client: Any, job_id: str, out: Any) -> None:
     import asyncio
 
+    printer = JobLogPrinter(out)
+
     async def tail() -> None:
         async for chunk in client.tail_job_logs(job_id):
-            out.write(chunk)
-            out.flush()
+            printer.write(chunk)
 
     asyncio.run(tail())
+    printer.close()
 
 
 # -- the commands -------------------------------------------------------------------------
@@ -271,7 +320,8 @@ def _submit(args: argparse.Namespace) -> int:
     token = fleet_token(args)
     client = connect(args)
     with tempfile.TemporaryDirectory(prefix="rlfleet-submit-") as tmp:
-        runtime_env = write_working_dir(Path(tmp), config_text, token, args.stop_grace)
+        runtime_env = write_working_dir(Path(tmp), config_text, token, args.stop_grace,
+                                        args.console)
         try:
             job_id = client.submit_job(
                 entrypoint=entrypoint(args.run, args.resume), runtime_env=runtime_env,
@@ -295,7 +345,9 @@ def _logs(args: argparse.Namespace) -> int:
         _job_call(args, client.get_job_status, args.job_id)  # a clear error for a bad id
         _follow(client, args.job_id, sys.stdout)
     else:
-        sys.stdout.write(_job_call(args, client.get_job_logs, args.job_id))
+        printer = JobLogPrinter(sys.stdout)
+        printer.write(_job_call(args, client.get_job_logs, args.job_id))
+        printer.close()
     return 0
 
 
@@ -364,6 +416,10 @@ def register_remote_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--wait", action="store_true",
                    help="follow the job's logs (on stderr) until it ends; exit 0 only if "
                         "it succeeded")
+    p.add_argument("--console", choices=CONSOLE_MODES, default=None,
+                   help="the job's log: human (a short line per step; the JSON lines go to "
+                        "the run's logs/learner.log) or json (JSON lines); default: the "
+                        "cluster's RLFLEET_CONSOLE, else json")
     p.set_defaults(func=_guarded(_submit))
 
     p = sub.add_parser("logs", help="a submitted learner job's logs")

@@ -53,6 +53,9 @@ spec:
         {{- end }}
         - name: RLFLEET_MODEL
           value: {{ $.Values.model | quote }}
+        # the learner's console; a Ray job's driver inherits the head's environment
+        - name: RLFLEET_CONSOLE
+          value: {{ $l.console | quote }}
         - name: RLFLEET_METRICS_PORT
           value: "{{ include "rlfleet.port.learnerMetrics" . }}"
         - name: HF_HOME
