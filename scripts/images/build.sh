@@ -75,16 +75,12 @@ base_of() {  # the official base image of a service (the hyperpod profile)
 inputs_hash() {  # build arguments...
   { printf '%s\n' "$@"
     cat Dockerfile .dockerignore
-    buildah_store inspect --type image --format '{{.FromImageID}}' localhost/rlfleet-base:bookworm
+    image_id localhost/rlfleet-base:bookworm
     find pyproject.toml requirements.txt README.md protos libs services warm-starts/tiny-sft-feedback \
          scripts/images/declared_deps.py scripts/images/entrypoint.sh -type f \
          ! -path 'libs/rlfleet/v1/*_pb2*' ! -path '*/__pycache__/*' ! -name '*.pyc' \
          ! -path '*.egg-info/*' -print0 | sort -z | xargs -0 sha256sum
   } | sha256sum | cut -c1-32
-}
-built_from() {  # IMAGE: its rlfleet.inputs label, empty when there is no such image
-  buildah_store inspect --type image --format '{{index .OCIv1.Config.Labels "rlfleet.inputs"}}' \
-    "$1" 2>/dev/null || true
 }
 
 for svc in "${SERVICES[@]}"; do

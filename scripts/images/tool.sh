@@ -28,3 +28,11 @@ esac
 buildah_store() { buildah "${STORE[@]}" "$@"; }
 # The images' default tag: the chart's appVersion (run from the repository root).
 chart_app_version() { sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' deploy/helm/rlfleet/Chart.yaml; }
+# The label rlfleet.inputs of IMAGE (a hash of what it was built from, set by the build
+# scripts so an unchanged image is not rebuilt); empty when there is no such image.
+built_from() {
+  buildah_store inspect --type image --format '{{index .OCIv1.Config.Labels "rlfleet.inputs"}}' \
+    "$1" 2>/dev/null || true
+}
+# The ID of an image in our storage (a base's identity in an inputs hash).
+image_id() { buildah_store inspect --type image --format '{{.FromImageID}}' "$1"; }

@@ -125,9 +125,10 @@ def test_killed_and_resumed_run_is_bit_identical(stack: LocalStack, tmp_path: Pa
     deadline = time.monotonic() + 900
     while not complete.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
+    ended = proc.poll()
     os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
-    assert complete.exists()
+    out, _ = proc.communicate()
+    assert complete.exists(), f"the learner ended first (exit {ended}):\n{out}"
     proc = learner(config_b, "--resume", "latest")
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out

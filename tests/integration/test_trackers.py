@@ -101,15 +101,38 @@ def tracker_entry(stack: LocalStack, run: str, tracker: str) -> dict:
     return json.loads((stack.runs_root / run / "trackers.json").read_text())[tracker]
 
 
-def test_mlflow_gets_the_steps_evals_config_and_files_and_a_resume_continues_its_run(
-        stack: LocalStack, mlflow_uri: str, tmp_path: Path) -> None:
-    from mlflow.tracking import MlflowClient
-
+def test_mlflow_wandb_and_tensorboard_get_a_runs_steps_evals_and_files_and_follow_its_resume(
+        stack: LocalStack, mlflow_uri: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # one learner reports to all three, as a user's may: each tracker's content is read
+    # back and compared with metrics.jsonl; then the run resumes for one more step
     run = stack.run
-    path = config(stack, tmp_path, run, report_to=["mlflow"],
+    wandb_dir = tmp_path / "wandb-dir"
+    wandb_dir.mkdir()
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the usual environment, not the config
+    monkeypatch.setenv("WANDB_DIR", str(wandb_dir))
+    monkeypatch.setenv("WANDB_PROJECT", "trackers-test")
+    path = config(stack, tmp_path, run, report_to=["mlflow", "wandb", "tensorboard"],
                   mlflow={"tracking_uri": mlflow_uri, "experiment": "trackers-test"})
     train(path)
-    client = MlflowClient(mlflow_uri)
+    mlflow_run_id = check_mlflow_run(stack, run, mlflow_uri, tmp_path)
+    wandb_run_id = check_wandb_offline_run(stack, run, wandb_dir)
+    # TensorBoard, from the same events
+    scalars = read_event_scalars(stack.runs_root / run)
+    assert {k: v for k, (v, _) in scalars.items()} == pytest.approx(
+        expected_scalars(stack.runs_root / run / "metrics.jsonl"))
+
+    # resumed from its last checkpoint for one more step: the same tracker runs go on
+    train(path, steps=STEPS + 1)
+    check_mlflow_resumed(stack, run, mlflow_uri, mlflow_run_id)
+    check_wandb_resumed(stack, run, wandb_dir, wandb_run_id)
+
+
+def check_mlflow_run(stack: LocalStack, run: str, uri: str, tmp_path: Path) -> str:
+    """The MLflow run of `run`: its steps, evals, config and files; returns its id."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
     run_id = tracker_entry(stack, run, "mlflow")["run_id"]
     found = client.get_run(run_id)
     assert found.info.status == "FINISHED" and found.info.run_name == run
@@ -129,20 +152,25 @@ def test_mlflow_gets_the_steps_evals_config_and_files_and_a_resume_continues_its
     # the resolved config as parameters
     params = found.data.params
     assert params["run"] == run and params["steps"] == str(STEPS)
-    assert params["mlflow.tracking_uri"] == mlflow_uri and float(params["optim.lr"]) > 0
+    assert params["mlflow.tracking_uri"] == uri and float(params["optim.lr"]) > 0
     # the learning curve and the summary, as files of the run
     assert {f.path for f in client.list_artifacts(run_id)} >= {"learning_curve.png",
                                                                "summary.json"}
     summary = json.loads(Path(client.download_artifacts(run_id, "summary.json",
                                                         str(tmp_path))).read_text())
     assert summary["event"] == "end" and summary["step"] == STEPS
+    return run_id
 
-    # resumed from its last checkpoint for one more step: the same MLflow run goes on
-    train(path, steps=STEPS + 1)
+
+def check_mlflow_resumed(stack: LocalStack, run: str, uri: str, run_id: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
     assert tracker_entry(stack, run, "mlflow")["run_id"] == run_id
     history = client.get_metric_history(run_id, "step/reward_mean")
     assert sorted({m.step for m in history}) == [1, 2, 3]
-    runs = client.search_runs([found.info.experiment_id])
+    experiment = client.get_run(run_id).info.experiment_id
+    runs = client.search_runs([experiment])
     assert [r.info.run_id for r in runs] == [run_id]  # no second run for the restart
     assert client.get_run(run_id).info.status == "FINISHED"
 
@@ -156,16 +184,9 @@ def wandb_records(run_file: Path) -> list[dict]:
     return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
 
 
-def test_wandb_offline_gets_the_steps_and_files_and_a_resume_continues_its_run(
-        stack: LocalStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run = "wandb-run"
-    wandb_dir = tmp_path / "wandb-dir"
-    wandb_dir.mkdir()
-    monkeypatch.setenv("WANDB_MODE", "offline")  # the usual environment, not the config
-    monkeypatch.setenv("WANDB_DIR", str(wandb_dir))
-    monkeypatch.setenv("WANDB_PROJECT", "trackers-test")
-    path = config(stack, tmp_path, run, report_to=["tensorboard", "wandb"])
-    train(path)
+def check_wandb_offline_run(stack: LocalStack, run: str, wandb_dir: Path) -> str:
+    """The offline W&B run of `run`: its header, config, steps, evals and files; returns
+    its id."""
     run_id = tracker_entry(stack, run, "wandb")["run_id"]
     first = sorted(wandb_dir.glob(f"wandb/offline-run-*-{run_id}"))
     assert len(first) == 1
@@ -184,16 +205,14 @@ def test_wandb_offline_gets_the_steps_and_files_and_a_resume_continues_its_run(
     assert logged == pytest.approx({s["step"]: s["reward_mean"] for s in steps})
     assert sorted(h["learner_step"] for h in history if "eval/eval/solve_rate" in h) == \
         [0, STEPS]
-    # and TensorBoard beside it, from the same events
-    scalars = read_event_scalars(stack.runs_root / run)
-    assert {k: v for k, (v, _) in scalars.items()} == pytest.approx(
-        expected_scalars(stack.runs_root / run / "metrics.jsonl"))
     files = first[0] / "files"
     assert json.loads((files / "summary.json").read_text())["step"] == STEPS
     assert (files / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+    return run_id
 
-    # resumed: the same W&B run id (wandb writes each attempt's offline file apart)
-    train(path, steps=STEPS + 1)
+
+def check_wandb_resumed(stack: LocalStack, run: str, wandb_dir: Path, run_id: str) -> None:
+    # the same W&B run id (wandb writes each attempt's offline file apart)
     assert tracker_entry(stack, run, "wandb")["run_id"] == run_id
     attempts = sorted(wandb_dir.glob("wandb/offline-run-*"))
     assert len(attempts) == 2 and all(p.name.endswith(f"-{run_id}") for p in attempts)
