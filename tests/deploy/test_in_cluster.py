@@ -584,6 +584,26 @@ def test_learner_submit_through_a_port_forward(fleet: Fleet, tmp_path: Path) -> 
     assert fleet.events("end")[-1]["step"] == STEPS + 2
 
 
+def test_built_images_are_not_built_again(fleet: Fleet) -> None:
+    """What a cached `make cluster-up` does with its images: every one is found up to
+    date from its inputs and named, none is built (no builder output). (Built once more
+    first: another test here may have built one of them anew.)"""
+    def build() -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+        return (_run(["bash", str(IMAGES / "build.sh"), "--profile", "local"],
+                     timeout=BUILD_TIMEOUT_S),
+                _run(["bash", str(IMAGES / "build-example.sh"), str(EXAMPLE),
+                      "path-efficiency-reward:1.0.0"], timeout=900))
+
+    build()
+    again, example = build()
+    assert again.stdout.split() + example.stdout.split() == \
+        fleet.images[:len(again.stdout.split()) + 1]
+    assert example.stderr == "", example.stderr
+    lines = again.stderr.splitlines()
+    assert lines and all(line.startswith("[images] ") and "is up to date" in line
+                         for line in lines), again.stderr
+
+
 def test_helm_test_checks_the_deployed_fleet(fleet: Fleet, helm: str) -> None:
     out = _run([helm, "test", RELEASE, "--namespace", "default", "--logs", "--timeout", "5m"],
                env=fleet.env, timeout=400)
