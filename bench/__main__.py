@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
     if "--record" in names:
         at = names.index("--record")
         if at + 1 >= len(names):
-            raise SystemExit("--record NAME: the records' name")
+            raise SystemExit("--record needs a NAME")
         record = names[at + 1]
         del names[at:at + 2]
     sys.argv[1:] = []  # the names are ours; a bench's own flags take their defaults
@@ -41,8 +41,8 @@ def main(argv: list[str]) -> int:
     if unknown:
         raise SystemExit(f"unknown bench(es) {unknown}: the benches are "
                          f"{[n.removeprefix('bench.') for n in BENCHES + ON_REQUEST]}")
-    for name in chosen or BENCHES:  # every record's name is checked before any bench runs
-        if record:
+    if record:  # every record's name is checked before any bench runs
+        for name in chosen or BENCHES:
             try:
                 records.new_record_path(_record_name(record, name))
             except records.RecordError as exc:

@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from rlfleet.logs import CONSOLE_MODES
+from rlfleet.logs import CONSOLE_ENV, CONSOLE_MODES
 from rlfleet_learner.ray_logs import is_library_chatter
 
 # Names inside the job's working directory (the entrypoint's current directory).
@@ -153,8 +153,6 @@ def entrypoint(run: str | None, resume: str) -> str:
 def write_working_dir(directory: Path, config_text: str, token: str | None,
                       stop_grace_s: int, console: str | None = None) -> dict[str, Any]:
     """Fills `directory` with what the job needs; returns the job's runtime_env."""
-    from rlfleet.logs import CONSOLE_ENV
-
     (directory / CONFIG_NAME).write_text(config_text)
     # Ray's job supervisor reads it from the job's env_vars: how long a stop waits after
     # SIGTERM (the learner finishes or abandons its step and checkpoints) before SIGKILL;
